@@ -1,0 +1,7 @@
+package cmd
+
+// The backends, each registering its URL schemes with package lock.
+import (
+	_ "github.com/withlock/withlock/internal/lock/file"
+	_ "github.com/withlock/withlock/internal/lock/postgres"
+)

@@ -1,0 +1,74 @@
+package cmd
+
+import (
+	"errors"
+	"os"
+	"syscall"
+
+	"github.com/withlock/withlock/internal/exec"
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// Exit statuses of withlock's own outcomes (SPEC §7); otherwise withlock
+// exits with the command's status.
+const (
+	exitUsage         = 64  // EX_USAGE
+	exitUnavailable   = 69  // EX_UNAVAILABLE
+	exitLost          = 70  // EX_SOFTWARE: the lock was lost, the command stopped
+	exitNotAcquired   = 75  // EX_TEMPFAIL: default for --conflict-exit-code
+	exitNotExecutable = 126 // as a shell says it
+	exitNotFound      = 127
+)
+
+var (
+	errUsage    = errors.New("usage")
+	errTimedOut = errors.New("timed out")
+	errNotYet   = errors.New("not implemented yet")
+)
+
+// signalError is the cause of a wait stopped by a signal.
+type signalError struct{ sig os.Signal }
+
+func (e signalError) Error() string { return "stopped by " + e.sig.String() }
+
+// exitCode is the one table from outcome to exit status. Order matters:
+// a signal wins over everything; a wait that timed out while the backend was
+// unreachable is "unavailable", not "not acquired", so that an outage is
+// never mistaken for a busy lock (and silenced by --conflict-exit-code 0).
+func exitCode(err error, conflictCode int) int {
+	var sig signalError
+	switch {
+	case errors.As(err, &sig):
+		return 128 + int(sig.sig.(syscall.Signal))
+	case errors.Is(err, lock.ErrLost):
+		return exitLost
+	case errors.Is(err, exec.ErrNotFound):
+		return exitNotFound
+	case errors.Is(err, exec.ErrNotExecutable):
+		return exitNotExecutable
+	case errors.Is(err, lock.ErrUnavailable), errors.Is(err, lock.ErrRefused):
+		return exitUnavailable
+	case errors.Is(err, lock.ErrHeld), errors.Is(err, errTimedOut):
+		return conflictCode
+	default:
+		// lock.ErrUsage, lock.ErrNotSupported, errUsage, and cobra's
+		// complaints about flags.
+		return exitUsage
+	}
+}
+
+// quiet reports whether an outcome goes unsaid without -v: being stopped by
+// a signal (the sender knows), and a conflict that the user declared a
+// success with --conflict-exit-code 0 (so that cron sends no mail).
+func quiet(err error, code int) bool {
+	var sig signalError
+	if errors.As(err, &sig) {
+		return true
+	}
+	return code == 0
+}
+
+// usagef is a usage error (exit 64) that reads as format says.
+func usagef(format string, args ...any) error {
+	return lock.Errorf(errUsage, format, args...)
+}

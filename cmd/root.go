@@ -1,0 +1,116 @@
+// Package cmd is withlock's command line: flags, subcommands, and the one
+// table that turns outcomes into exit codes.
+package cmd
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/debug"
+
+	"github.com/spf13/cobra"
+)
+
+// version is stamped at build time: -ldflags "-X github.com/withlock/withlock/cmd.version=v1.2.3".
+var version = ""
+
+// Version is the version stamped at build time, else the module version
+// the binary was built from, else "dev".
+func Version() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// Main runs withlock with os.Args and returns the exit status. It serves
+// both main.go and the tests.
+func Main() int {
+	return run(os.Args[1:], os.Stdout, os.Stderr)
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	env := &environment{stdout: stdout, stderr: &redactor{w: stderr}}
+	root := newRootCmd(env)
+	root.SetArgs(args)
+	err := root.Execute()
+	if err == nil {
+		return env.status
+	}
+	code := exitCode(err, env.conflictCode)
+	if code == exitUsage {
+		err = fmt.Errorf("%w (see withlock --help)", err)
+	}
+	if !quiet(err, code) || env.verbose {
+		env.logger().Error(err.Error())
+	}
+	return code
+}
+
+// environment is what one invocation shares between its commands: where
+// output goes, how it is logged, and the status to exit with.
+type environment struct {
+	stdout       io.Writer
+	stderr       *redactor
+	logFormat    string
+	verbose      bool
+	conflictCode int
+	status       int
+}
+
+func (e *environment) logger() *slog.Logger {
+	return newLogger(e.stderr, e.logFormat, e.verbose)
+}
+
+func newRootCmd(env *environment) *cobra.Command {
+	root := newRunCmd(env, "withlock [flags] NAME -- COMMAND [ARG...]")
+	root.Version = Version()
+	root.SetVersionTemplate("withlock {{.Version}}\n")
+	root.AddCommand(
+		newRunCmd(env, "run [flags] NAME -- COMMAND [ARG...]"),
+		newStatusCmd(env),
+		newReleaseCmd(env),
+		newVersionCmd(env),
+	)
+	root.SetOut(env.stdout)
+	root.SetErr(env.stderr)
+	return root
+}
+
+func newVersionCmd(env *environment) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print withlock's version",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			fmt.Fprintf(env.stdout, "withlock %s\n", Version())
+			return nil
+		},
+	}
+}
+
+// status and release are reserved: their names are taken now so that no
+// lock name is ever parsed as them later without the run form.
+func newStatusCmd(env *environment) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status [flags] NAME",
+		Short: "Show who holds NAME (not implemented yet)",
+		RunE: func(*cobra.Command, []string) error {
+			return fmt.Errorf("%w: withlock status", errNotYet)
+		},
+	}
+}
+
+func newReleaseCmd(env *environment) *cobra.Command {
+	return &cobra.Command{
+		Use:   "release --force [flags] NAME",
+		Short: "Break NAME's lock, whoever holds it (not implemented yet)",
+		RunE: func(*cobra.Command, []string) error {
+			return fmt.Errorf("%w: withlock release", errNotYet)
+		},
+	}
+}

@@ -1,0 +1,172 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+)
+
+// Defaults for the zero values of Options.
+const (
+	DefaultTTL            = 15 * time.Second
+	DefaultGrace          = 5 * time.Second
+	DefaultConnectTimeout = 15 * time.Second
+)
+
+// pollInterval is how often Acquire retries a held lock on a backend that
+// cannot wait on the server's side.
+const pollInterval = 100 * time.Millisecond
+
+// Options says how to take and keep a lock. The zero value means: wait as
+// long as it takes, the default TTL, grace and connect timeout.
+type Options struct {
+	// NoWait makes Acquire give up with ErrHeld after one attempt.
+	NoWait bool
+	// ConnectTimeout bounds how long Acquire retries an unreachable
+	// backend, counted from the first failure of a run of failures.
+	ConnectTimeout time.Duration
+	// TTL is the lease length. The lock is kept (renewed or checked) every
+	// TTL/3.
+	TTL time.Duration
+	// Grace is how long before the lease could run out the holder is told
+	// that the lock is lost when the backend stops answering, so that it
+	// has Grace to stop its work: Lost closes once no Keep has succeeded
+	// for TTL-Grace. It must be shorter than TTL.
+	Grace time.Duration
+	// HoldAtLeast keeps the lock until this long after acquisition, even
+	// when Release is called earlier.
+	HoldAtLeast time.Duration
+	// Holder is recorded with the lock where the backend can.
+	Holder Holder
+	// Log receives Debug lines about each step and Warn lines about
+	// trouble that does not end the lock. Nil discards them.
+	Log *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = DefaultConnectTimeout
+	}
+	if o.TTL <= 0 {
+		o.TTL = DefaultTTL
+	}
+	if o.Grace <= 0 {
+		o.Grace = DefaultGrace
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// Acquire takes the lock name through b, waiting as long as opts allow and
+// ctx lasts. Unreachable-backend errors are retried with backoff and jitter
+// for up to opts.ConnectTimeout; a refusal is returned at once.
+//
+// When ctx ends first, the error wraps context.Cause(ctx) and the last
+// backend error, so that errors.Is sees both the cause and ErrHeld or
+// ErrUnavailable. Nothing is left held when Acquire fails.
+func Acquire(ctx context.Context, b Backend, name string, opts Options) (*Held, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	log := opts.Log.With("lock", name)
+	waiter, canWait := b.(Waiter)
+	start := time.Now()
+	var (
+		lastErr          error
+		unreachableSince time.Time
+		backoff          = newBackoff()
+		saidWaiting      bool
+	)
+	for {
+		sent := time.Now()
+		var lease Lease
+		var err error
+		if canWait && !opts.NoWait {
+			lease, err = waiter.Acquire(ctx, name)
+		} else {
+			lease, err = b.TryAcquire(ctx, name)
+		}
+		if err == nil {
+			log.Debug("acquired", "took", since(start))
+			return newHeld(name, lease, sent, opts), nil
+		}
+		if ctx.Err() != nil {
+			if errors.Is(err, ErrUnavailable) {
+				lastErr = err
+			}
+			return nil, gaveUp(ctx, lastErr)
+		}
+		lastErr = err
+		var pause time.Duration
+		switch {
+		case errors.Is(err, ErrHeld):
+			if opts.NoWait {
+				return nil, err
+			}
+			if !saidWaiting {
+				log.Debug("held elsewhere; waiting")
+				saidWaiting = true
+			}
+			unreachableSince = time.Time{}
+			backoff = newBackoff()
+			pause = jitter(pollInterval)
+		case errors.Is(err, ErrUnavailable):
+			now := time.Now()
+			if unreachableSince.IsZero() {
+				unreachableSince = now
+			}
+			tried := now.Sub(unreachableSince)
+			if tried >= opts.ConnectTimeout {
+				return nil, fmt.Errorf("%w; retried for %s", err, tried.Round(time.Second))
+			}
+			pause = min(backoff.next(), opts.ConnectTimeout-tried)
+			log.Debug("backend unavailable; retrying", "err", err, "in", pause.Round(time.Millisecond))
+		default:
+			return nil, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, gaveUp(ctx, lastErr)
+		case <-t.C:
+		}
+	}
+}
+
+// gaveUp is the error of a wait that ctx ended: its cause, and the last
+// thing the backend said, both visible to errors.Is, on one line.
+func gaveUp(ctx context.Context, lastErr error) error {
+	if lastErr == nil {
+		return context.Cause(ctx)
+	}
+	return fmt.Errorf("%w (last: %w)", context.Cause(ctx), lastErr)
+}
+
+// backoff doubles from 50ms to 2s. Each pause is jittered so that the
+// waiters of a restarted server do not all come back at once.
+type backoff struct{ d time.Duration }
+
+func newBackoff() *backoff { return &backoff{d: 50 * time.Millisecond} }
+
+func (b *backoff) next() time.Duration {
+	d := b.d
+	b.d = min(2*b.d, 2*time.Second)
+	return jitter(d)
+}
+
+// jitter returns a duration drawn evenly from [d/2, d).
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2)
+}
+
+// since is the time since t, rounded for humans.
+func since(t time.Time) time.Duration {
+	return time.Since(t).Round(10 * time.Microsecond)
+}

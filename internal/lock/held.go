@@ -1,0 +1,197 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// releaseTimeout bounds the final release; past it the lock ends with its
+// session or lease anyway.
+const releaseTimeout = 5 * time.Second
+
+// Held is a lock taken by Acquire. A goroutine keeps it alive (renews the
+// lease or checks the session every TTL/3) until Release.
+type Held struct {
+	name       string
+	lease      Lease
+	opts       Options
+	log        *slog.Logger
+	acquiredAt time.Time
+
+	lost    chan struct{} // closed when the lock is given up for lost
+	lostErr error         // why; written before lost is closed
+
+	stopKeeping context.CancelFunc
+	keeperDone  chan struct{}
+	releaseOnce sync.Once
+	releaseErr  error
+}
+
+func newHeld(name string, lease Lease, sent time.Time, opts Options) *Held {
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &Held{
+		name:        name,
+		lease:       lease,
+		opts:        opts,
+		log:         opts.Log.With("lock", name),
+		acquiredAt:  sent,
+		lost:        make(chan struct{}),
+		stopKeeping: cancel,
+		keeperDone:  make(chan struct{}),
+	}
+	go h.keep(ctx)
+	return h
+}
+
+// AcquiredAt is when the successful attempt was sent: no later than the
+// moment the backend granted the lock.
+func (h *Held) AcquiredAt() time.Time { return h.acquiredAt }
+
+// Token returns the fencing token, if the backend has one.
+func (h *Held) Token() (int64, bool) {
+	if f, ok := h.lease.(Fenced); ok {
+		return f.Token(), true
+	}
+	return 0, false
+}
+
+// Lost is closed when the lock is known lost (an error wrapping ErrLost from
+// the backend) or can no longer be vouched for: no Keep has succeeded for
+// TTL-Grace, measured on this process's monotonic clock from when the last
+// successful Keep was sent. It is never closed after Release.
+func (h *Held) Lost() <-chan struct{} { return h.lost }
+
+// Err says why the lock was lost; nil while Lost is open.
+func (h *Held) Err() error {
+	select {
+	case <-h.lost:
+		return h.lostErr
+	default:
+		return nil
+	}
+}
+
+// keep is the single loop that keeps the lock: Keep every TTL/3, sooner
+// after a failure, and give the lock up once it cannot be vouched for.
+func (h *Held) keep(ctx context.Context) {
+	defer close(h.keeperDone)
+	interval := h.opts.TTL / 3
+	retry := max(interval/5, 100*time.Millisecond)
+	lastOK := h.acquiredAt
+	next := lastOK.Add(interval)
+	var lastErr error
+	watcher, _ := h.lease.(Watcher)
+	for {
+		deadline := lastOK.Add(h.opts.TTL - h.opts.Grace)
+		wake := next
+		if deadline.Before(wake) {
+			wake = deadline
+		}
+		if err := h.waitUntil(ctx, watcher, wake); err != nil {
+			h.giveUp(err)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if !time.Now().Before(deadline) {
+			h.giveUp(fmt.Errorf("%w: not confirmed for %s (last error: %v)", ErrLost, h.opts.TTL-h.opts.Grace, lastErr))
+			return
+		}
+		sent := time.Now()
+		kctx, cancel := context.WithDeadline(ctx, deadline)
+		err := h.lease.Keep(kctx)
+		cancel()
+		switch {
+		case err == nil:
+			h.log.Debug("kept", "took", since(sent))
+			lastOK, lastErr = sent, nil
+			next = sent.Add(interval)
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, ErrLost):
+			h.giveUp(err)
+			return
+		default:
+			h.log.Warn("could not renew the lock; retrying", "err", err)
+			lastErr = err
+			next = time.Now().Add(retry)
+		}
+	}
+}
+
+// waitUntil sleeps until t or until ctx ends, watching the lease meanwhile
+// where it can watch itself. It returns only a loss or a backend failure.
+func (h *Held) waitUntil(ctx context.Context, w Watcher, t time.Time) error {
+	wctx, cancel := context.WithDeadline(ctx, t)
+	defer cancel()
+	if w != nil {
+		err := w.Watch(wctx)
+		if err == nil || wctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrLost) {
+			return err
+		}
+		// The watch failed but the lock may be fine: the next Keep decides.
+		h.log.Debug("watch failed", "err", err)
+	}
+	<-wctx.Done()
+	return nil
+}
+
+func (h *Held) giveUp(err error) {
+	h.lostErr = err
+	close(h.lost)
+}
+
+// Release stops keeping the lock and gives it up: at once, or, with
+// HoldAtLeast, once that long has passed since acquisition (a backend that
+// can let the lease linger is told so and Release returns at once; otherwise
+// Release waits, and returns early, releasing, if ctx ends). The release
+// itself is bounded by its own timeout. A lock already lost is not released
+// again. Release may be called more than once; later calls return the first
+// result.
+func (h *Held) Release(ctx context.Context) error {
+	h.releaseOnce.Do(func() { h.releaseErr = h.release(ctx) })
+	return h.releaseErr
+}
+
+func (h *Held) release(ctx context.Context) error {
+	h.stopKeeping()
+	<-h.keeperDone
+	if h.Err() != nil {
+		return nil
+	}
+	start := time.Now()
+	if until := h.acquiredAt.Add(h.opts.HoldAtLeast); h.opts.HoldAtLeast > 0 && start.Before(until) {
+		if l, ok := h.lease.(Lingerer); ok {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			defer cancel()
+			if err := l.ReleaseAt(rctx, until); err != nil {
+				return fmt.Errorf("release %q: %w", h.name, err)
+			}
+			h.log.Debug("left to expire", "at", until, "took", since(start))
+			return nil
+		}
+		h.log.Debug("holding", "until", until)
+		t := time.NewTimer(time.Until(until))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		start = time.Now()
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := h.lease.Release(rctx); err != nil {
+		return fmt.Errorf("release %q: %w", h.name, err)
+	}
+	h.log.Debug("released", "took", since(start))
+	return nil
+}

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	osexec "os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rogpeppe/go-internal/testscript"
+	"golang.org/x/sys/unix"
+
+	"github.com/withlock/withlock/cmd"
+	"github.com/withlock/withlock/internal/testenv"
+)
+
+// The scripts in testdata/script run the real withlock binary (this test
+// binary, re-executed as "withlock") against real servers:
+//
+//	testdata/script/cli       no backend needed: usage, version, help
+//	testdata/script/all       every backend runs each of these, with $DB set
+//	                          to a fresh lock space of its own ($BACKEND names it)
+//	testdata/script/postgres  PostgreSQL only
+//	testdata/script/file      file:// only
+func TestMain(m *testing.M) {
+	testscript.Main(m, map[string]func(){
+		"withlock": func() { os.Exit(cmd.Main()) },
+		"status":   expectStatus,
+	})
+}
+
+// expectStatus is the program "status N PROG [ARG...]": it runs PROG with
+// stdio passed through, forwards the usual signals to it (so that "kill" of
+// a background "exec status ..." reaches PROG), and exits 0 if PROG exited
+// with status N, else 1. testscript's exec only tells zero from non-zero.
+func expectStatus() {
+	if len(os.Args) < 3 {
+		fmt.Fprintln(os.Stderr, "usage: status N PROG [ARG...]")
+		os.Exit(2)
+	}
+	want, err := strconv.Atoi(os.Args[1])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "status: N must be a number")
+		os.Exit(2)
+	}
+	c := osexec.Command(os.Args[2], os.Args[3:]...)
+	c.Stdin, c.Stdout, c.Stderr = os.Stdin, os.Stdout, os.Stderr
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH)
+	if err := c.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "status:", err)
+		os.Exit(1)
+	}
+	go func() {
+		for s := range sigs {
+			c.Process.Signal(s)
+		}
+	}()
+	c.Wait()
+	got := c.ProcessState.ExitCode()
+	if ws, ok := c.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		got = 128 + int(ws.Signal())
+	}
+	if got != want {
+		fmt.Fprintf(os.Stderr, "status: %s exited %d, want %d\n", os.Args[2], got, want)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func TestScripts(t *testing.T) {
+	pg := testenv.RequirePostgres(t)
+	var dbs atomic.Int64
+	backends := []struct {
+		name string
+		db   func(e *testscript.Env) (string, error)
+	}{
+		{"file", func(e *testscript.Env) (string, error) {
+			return "file://" + filepath.Join(e.WorkDir, "locks"), nil
+		}},
+		{"postgres", func(e *testscript.Env) (string, error) {
+			// Advisory locks are per database: a database per script keeps
+			// scripts that run at once out of each other's way.
+			return pg.CreateDatabase(fmt.Sprintf("script%d", dbs.Add(1)))
+		}},
+	}
+	t.Run("cli", func(t *testing.T) {
+		testscript.Run(t, params("testdata/script/cli", nil))
+	})
+	for _, b := range backends {
+		setup := func(e *testscript.Env) error {
+			db, err := b.db(e)
+			if err != nil {
+				return err
+			}
+			e.Setenv("DB", db)
+			e.Setenv("BACKEND", b.name)
+			return nil
+		}
+		t.Run(b.name, func(t *testing.T) {
+			t.Run("all", func(t *testing.T) { testscript.Run(t, params("testdata/script/all", setup)) })
+			t.Run("only", func(t *testing.T) { testscript.Run(t, params("testdata/script/"+b.name, setup)) })
+		})
+	}
+}
+
+// scriptState is what one script's custom commands share.
+type scriptState struct {
+	pg *testenv.Postgres // started by pgserver
+}
+
+type stateKey struct{}
+
+func params(dir string, setup func(*testscript.Env) error) testscript.Params {
+	return testscript.Params{
+		Dir:                 dir,
+		RequireExplicitExec: true,
+		RequireUniqueNames:  true,
+		Setup: func(e *testscript.Env) error {
+			st := &scriptState{}
+			e.Values[stateKey{}] = st
+			e.Defer(func() {
+				if st.pg != nil {
+					st.pg.Close()
+				}
+			})
+			// Scripts choose their backend through $DB; none leaks in.
+			e.Setenv("WITHLOCK_DB", "")
+			e.Setenv("PG_CONNECTION_STRING", "")
+			if setup != nil {
+				return setup(e)
+			}
+			return nil
+		},
+		Condition: func(cond string) (bool, error) {
+			switch cond {
+			case "root":
+				return os.Geteuid() == 0, nil
+			}
+			return false, fmt.Errorf("unknown condition %q", cond)
+		},
+		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
+			"waitfile":   cmdWaitfile,
+			"gone":       cmdGone,
+			"pgsql":      cmdPgsql,
+			"pgserver":   cmdPgserver,
+			"countlines": cmdCountlines,
+			"signal":     cmdSignal,
+			"sleep":      cmdSleep,
+		},
+	}
+}
+
+// waitfile FILE... waits (up to 30s) until every FILE exists and is not
+// empty. Children write these files to say they are ready; never sleep.
+func cmdWaitfile(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) == 0 {
+		ts.Fatalf("usage: waitfile FILE...")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, f := range args {
+		for {
+			if fi, err := os.Stat(ts.MkAbs(f)); err == nil && fi.Size() > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				ts.Fatalf("waitfile: %s did not appear within 30s", f)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// gone [-within DURATION] PIDFILE waits until the process whose pid is in
+// PIDFILE no longer exists (default: within 10s); "! gone" asserts it is
+// still alive.
+func cmdGone(ts *testscript.TestScript, neg bool, args []string) {
+	within := 10 * time.Second
+	if len(args) == 3 && args[0] == "-within" {
+		d, err := time.ParseDuration(args[1])
+		ts.Check(err)
+		within, args = d, args[2:]
+	}
+	if len(args) != 1 {
+		ts.Fatalf("usage: gone [-within DURATION] PIDFILE")
+	}
+	data, err := os.ReadFile(ts.MkAbs(args[0]))
+	ts.Check(err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	ts.Check(err)
+	alive := func() bool {
+		// A zombie is gone for our purposes: it runs nothing.
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return false
+		}
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		return len(fields) > 0 && fields[0] != "Z" && syscall.Kill(pid, 0) == nil
+	}
+	if neg {
+		if !alive() {
+			ts.Fatalf("process %d is gone", pid)
+		}
+		return
+	}
+	deadline := time.Now().Add(within)
+	for alive() {
+		if time.Now().After(deadline) {
+			ts.Fatalf("process %d still alive after %s", pid, within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// pgsql SQL runs SQL against $DB (a postgres URL) and prints the rows, one
+// line each, columns separated by a space.
+func cmdPgsql(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) != 1 {
+		ts.Fatalf("usage: pgsql SQL")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rows, err := testenv.Exec(ctx, ts.Getenv("DB"), args[0])
+	if neg {
+		if err == nil {
+			ts.Fatalf("pgsql succeeded unexpectedly")
+		}
+		return
+	}
+	ts.Check(err)
+	for _, r := range rows {
+		fmt.Fprintln(ts.Stdout(), r)
+	}
+}
+
+// pgserver start|stop|restart: a PostgreSQL server of this script's own, for
+// scripts that stop and start the server. "start" the first time creates it
+// and points $DB at it; it is removed when the script ends.
+func cmdPgserver(ts *testscript.TestScript, neg bool, args []string) {
+	st := ts.Value(stateKey{}).(*scriptState)
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: pgserver start|stop")
+	}
+	switch args[0] {
+	case "start":
+		if st.pg == nil {
+			pg, err := testenv.StartPostgres()
+			ts.Check(err)
+			st.pg = pg
+			ts.Setenv("DB", pg.URL)
+			return
+		}
+		ts.Check(st.pg.Start())
+	case "stop":
+		ts.Check(st.pg.Stop())
+	default:
+		ts.Fatalf("usage: pgserver start|stop")
+	}
+}
+
+// countlines N FILE asserts that FILE has exactly N lines.
+func cmdCountlines(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: countlines N FILE")
+	}
+	want, err := strconv.Atoi(args[0])
+	ts.Check(err)
+	data, err := os.ReadFile(ts.MkAbs(args[1]))
+	ts.Check(err)
+	if got := strings.Count(string(data), "\n"); got != want {
+		ts.Fatalf("%s has %d lines, want %d:\n%s", args[1], got, want, data)
+	}
+}
+
+// signal [-group] SIG PIDFILE sends SIG (TERM, HUP, USR1, ...) to the
+// process whose pid is in PIDFILE, or with -group to its process group.
+// testscript's own kill knows only INT and KILL.
+func cmdSignal(ts *testscript.TestScript, neg bool, args []string) {
+	group := len(args) == 3 && args[0] == "-group"
+	if group {
+		args = args[1:]
+	}
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: signal [-group] SIG PIDFILE")
+	}
+	sig := unix.SignalNum("SIG" + args[0])
+	if sig == 0 {
+		ts.Fatalf("signal: unknown signal %s", args[0])
+	}
+	data, err := os.ReadFile(ts.MkAbs(args[1]))
+	ts.Check(err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	ts.Check(err)
+	if group {
+		pid = -pid
+	}
+	ts.Check(syscall.Kill(pid, sig))
+}
+
+// sleep DURATION pauses the script. Only for giving a process the chance
+// to do something it must not do; to wait for something, use waitfile.
+func cmdSleep(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: sleep DURATION")
+	}
+	d, err := time.ParseDuration(args[0])
+	ts.Check(err)
+	time.Sleep(d)
+}
