@@ -27,7 +27,8 @@ import (
 //	testdata/script/cli       no backend needed: usage, version, help
 //	testdata/script/all       every backend runs each of these, with $DB set
 //	                          to a fresh lock space of its own ($BACKEND names it)
-//	testdata/script/postgres  PostgreSQL only
+//	testdata/script/postgres  PostgreSQL only; $NPMDIR holds the npm package
+//	                          advisory-lock and hold.js
 //	testdata/script/file      file:// only
 func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
@@ -77,6 +78,7 @@ func expectStatus() {
 
 func TestScripts(t *testing.T) {
 	pg := testenv.RequirePostgres(t)
+	npmDir := testenv.RequireNPM(t)
 	var dbs atomic.Int64
 	backends := []struct {
 		name string
@@ -86,6 +88,7 @@ func TestScripts(t *testing.T) {
 			return "file://" + filepath.Join(e.WorkDir, "locks"), nil
 		}},
 		{"postgres", func(e *testscript.Env) (string, error) {
+			e.Setenv("PGHOSTPORT", fmt.Sprintf("127.0.0.1:%d", pg.Port))
 			// Advisory locks are per database: a database per script keeps
 			// scripts that run at once out of each other's way.
 			return pg.CreateDatabase(fmt.Sprintf("script%d", dbs.Add(1)))
@@ -102,6 +105,7 @@ func TestScripts(t *testing.T) {
 			}
 			e.Setenv("DB", db)
 			e.Setenv("BACKEND", b.name)
+			e.Setenv("NPMDIR", npmDir) // the npm package advisory-lock, installed
 			return nil
 		}
 		t.Run(b.name, func(t *testing.T) {

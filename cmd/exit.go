@@ -57,15 +57,18 @@ func exitCode(err error, conflictCode int) int {
 	}
 }
 
+// reported is an outcome whose message has already been logged.
+type reported struct{ err error }
+
+func (r reported) Error() string { return r.err.Error() }
+func (r reported) Unwrap() error { return r.err }
+
 // quiet reports whether an outcome goes unsaid without -v: being stopped by
 // a signal (the sender knows), and a conflict that the user declared a
 // success with --conflict-exit-code 0 (so that cron sends no mail).
 func quiet(err error, code int) bool {
 	var sig signalError
-	if errors.As(err, &sig) {
-		return true
-	}
-	return code == 0
+	return errors.As(err, &sig) || code == 0
 }
 
 // usagef is a usage error (exit 64) that reads as format says.

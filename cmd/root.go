@@ -3,6 +3,7 @@
 package cmd
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -45,7 +46,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if code == exitUsage {
 		err = fmt.Errorf("%w (see withlock --help)", err)
 	}
-	if !quiet(err, code) || env.verbose {
+	var said reported
+	if !errors.As(err, &said) && (!quiet(err, code) || env.verbose) {
 		env.logger().Error(err.Error())
 	}
 	return code

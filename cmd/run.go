@@ -229,7 +229,7 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 			status := proc.ExitCode()
 			log.Debug("command exited", "status", status)
 			if stopped {
-				return 0, held.Err()
+				return 0, reported{held.Err()}
 			}
 			releaseCtx, cancel := context.WithCancel(context.Background())
 			go func() {

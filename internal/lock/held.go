@@ -99,7 +99,7 @@ func (h *Held) keep(ctx context.Context) {
 			return
 		}
 		if !time.Now().Before(deadline) {
-			h.giveUp(fmt.Errorf("%w: not confirmed for %s (last error: %v)", ErrLost, h.opts.TTL-h.opts.Grace, lastErr))
+			h.giveUp(Errorf(ErrLost, "could not confirm it for %s (last error: %v)", h.opts.TTL-h.opts.Grace, lastErr))
 			return
 		}
 		sent := time.Now()

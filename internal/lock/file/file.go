@@ -180,7 +180,7 @@ type lease struct {
 func (l *lease) Keep(context.Context) error {
 	same, err := samePath(l.f, l.path)
 	if errors.Is(err, os.ErrNotExist) || err == nil && !same {
-		return fmt.Errorf("%w: %s was removed or replaced", lock.ErrLost, l.path)
+		return lock.Errorf(lock.ErrLost, "%s was removed or replaced", l.path)
 	}
 	if err != nil {
 		return fmt.Errorf("file: check %s: %w", l.path, err)

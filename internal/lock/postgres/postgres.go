@@ -235,7 +235,7 @@ func (l *lease) Keep(ctx context.Context) error {
 	case err != nil:
 		return l.b.classify(err)
 	case !held:
-		return fmt.Errorf("%w: the session no longer holds the advisory lock", lock.ErrLost)
+		return lock.Errorf(lock.ErrLost, "the session no longer holds the advisory lock")
 	}
 	return nil
 }
@@ -262,9 +262,9 @@ func (l *lease) Watch(ctx context.Context) error {
 func (l *lease) sessionEnded(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return fmt.Errorf("%w: postgres ended the session: %s", lock.ErrLost, pgErr.Message)
+		return lock.Errorf(lock.ErrLost, "postgres ended the session: %s", pgErr.Message)
 	}
-	return fmt.Errorf("%w: the connection to postgres at %s broke (%s)", lock.ErrLost, l.b.addr, reason(err))
+	return lock.Errorf(lock.ErrLost, "the connection to postgres at %s broke (%s)", l.b.addr, reason(err))
 }
 
 func (l *lease) Release(ctx context.Context) error {
