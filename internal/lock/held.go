@@ -117,7 +117,7 @@ func (h *Held) keep(ctx context.Context) {
 			h.giveUp(err)
 			return
 		default:
-			h.log.Warn("could not renew the lock; retrying", "err", err)
+			h.log.Warn("could not confirm the lock; retrying", "err", err)
 			lastErr = err
 			next = time.Now().Add(retry)
 		}

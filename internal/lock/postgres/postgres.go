@@ -230,6 +230,9 @@ func (l *lease) Keep(ctx context.Context) error {
 		and classid::int8 = $1 and objid::int8 = $2 and objsubid = 2)`,
 		int64(uint32(l.k1)), int64(uint32(l.k2))).Scan(&held)
 	switch {
+	case err != nil && ctx.Err() != nil:
+		// Out of time: the caller decides what an unanswered check means.
+		return l.b.classify(err)
 	case err != nil && l.conn.IsClosed():
 		return l.sessionEnded(err)
 	case err != nil:

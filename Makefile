@@ -1,0 +1,27 @@
+# The same commands CI runs (.ci/run calls `make test`).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X github.com/withlock/withlock/cmd.version=$(VERSION)
+
+.PHONY: build test test-race test-e2e lint deps
+
+# A static binary: no libc, runs in any container image.
+build:
+	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o withlock .
+
+# Everything, against real servers, with the race detector.
+test: deps lint
+	go test -race -count=1 ./...
+
+test-race: test
+
+# Only the end-to-end scripts in testdata/script.
+test-e2e: deps
+	go test -count=1 -run TestScripts .
+
+lint:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt -l:"; echo "$$out"; exit 1; fi
+	go vet ./...
+
+# Installs what the tests need (PostgreSQL, node/npm, util-linux) if missing.
+deps:
+	@bash scripts/test-deps
