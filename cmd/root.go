@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -35,7 +36,7 @@ func Main() int {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	env := &environment{stdout: stdout, stderr: &redactor{w: stderr}}
+	env := &environment{stdout: stdout, stderr: &redactor{w: stderr}, logFormat: logFormatArg(args)}
 	root := newRootCmd(env)
 	root.SetArgs(args)
 	err := root.Execute()
@@ -66,6 +67,22 @@ type environment struct {
 
 func (e *environment) logger() *slog.Logger {
 	return newLogger(e.stderr, e.logFormat, e.verbose)
+}
+
+// logFormatArg finds --log-format among args before cobra parses them, so
+// that even a complaint about another flag comes out in the chosen format.
+func logFormatArg(args []string) string {
+	for i, a := range args {
+		switch {
+		case a == "--":
+			return "text"
+		case a == "--log-format" && i+1 < len(args):
+			return args[i+1]
+		case strings.HasPrefix(a, "--log-format="):
+			return strings.TrimPrefix(a, "--log-format=")
+		}
+	}
+	return "text"
 }
 
 func newRootCmd(env *environment) *cobra.Command {
