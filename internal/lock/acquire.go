@@ -17,8 +17,12 @@ const (
 )
 
 // pollInterval is how often Acquire retries a held lock on a backend that
-// cannot wait on the server's side.
-const pollInterval = 100 * time.Millisecond
+// can neither wait on the server's side nor notify; slowPoll is the safety
+// net of a backend that notifies, for notifications that get lost.
+const (
+	pollInterval = 100 * time.Millisecond
+	slowPoll     = time.Second
+)
 
 // Options says how to take and keep a lock. The zero value means: wait as
 // long as it takes, the default TTL, grace and connect timeout.
@@ -76,12 +80,14 @@ func Acquire(ctx context.Context, b Backend, name string, opts Options) (*Held, 
 	opts = opts.withDefaults()
 	log := opts.Log.With("lock", name)
 	waiter, canWait := b.(Waiter)
+	notifier, canNotify := b.(Notifier)
 	start := time.Now()
 	var (
 		lastErr          error
 		unreachableSince time.Time
 		backoff          = newBackoff()
 		saidWaiting      bool
+		released         <-chan struct{} // from the Notifier, once subscribed
 	)
 	for {
 		sent := time.Now()
@@ -116,6 +122,27 @@ func Acquire(ctx context.Context, b Backend, name string, opts Options) (*Held, 
 			unreachableSince = time.Time{}
 			backoff = newBackoff()
 			pause = jitter(pollInterval)
+			if canNotify && !canWait {
+				if released == nil {
+					// Subscribe, then try again at once: a release between
+					// the failed attempt and the subscription is not missed.
+					ch, stop, err := notifier.Notify(ctx, name)
+					if err == nil {
+						released = ch
+						defer stop()
+						continue
+					}
+					log.Debug("cannot subscribe to releases; polling", "err", err)
+					canNotify = false
+					break
+				}
+				pause = slowPoll
+				var e interface{ Remaining() time.Duration }
+				if errors.As(err, &e) && e.Remaining() < pause {
+					// The holder's lease runs out first: be there when it does.
+					pause = max(e.Remaining(), time.Millisecond)
+				}
+			}
 		case errors.Is(err, ErrUnavailable):
 			now := time.Now()
 			if unreachableSince.IsZero() {
@@ -123,7 +150,7 @@ func Acquire(ctx context.Context, b Backend, name string, opts Options) (*Held, 
 			}
 			tried := now.Sub(unreachableSince)
 			if tried >= opts.ConnectTimeout {
-				return nil, fmt.Errorf("%w; retried for %s", err, tried.Round(time.Second))
+				return nil, fmt.Errorf("%w; retried for %s", err, roundTried(tried))
 			}
 			pause = min(backoff.next(), opts.ConnectTimeout-tried)
 			log.Debug("backend unavailable; retrying", "err", err, "in", pause.Round(time.Millisecond))
@@ -136,8 +163,18 @@ func Acquire(ctx context.Context, b Backend, name string, opts Options) (*Held, 
 			t.Stop()
 			return nil, gaveUp(ctx, lastErr)
 		case <-t.C:
+		case <-released:
+			t.Stop()
 		}
 	}
+}
+
+// roundTried rounds a retry period for humans: 15s, 300ms.
+func roundTried(d time.Duration) time.Duration {
+	if d >= 10*time.Second {
+		return d.Round(time.Second)
+	}
+	return d.Round(100 * time.Millisecond)
 }
 
 // gaveUp is the error of a wait that ctx ended: its cause, and the last

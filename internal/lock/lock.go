@@ -60,8 +60,9 @@ var (
 //     returning an error wrapping ErrLost when the lock is known gone;
 //     Release gives the lock up, only if it is still ours.
 //  5. Implement the optional interfaces that apply: Waiter (the server can
-//     queue us), Watcher (the lease learns of its own loss), Fenced (a
-//     fencing token), Lingerer (the lease can outlive the process).
+//     queue us), Notifier (the server can announce releases), Watcher (the
+//     lease learns of its own loss), Fenced (a fencing token), Lingerer (the
+//     lease can outlive the process).
 //  6. Register the URL schemes in the package's init, and blank-import the
 //     package in cmd/backends.go.
 //  7. Add the backend to the conformance scripts in testdata/script: every
@@ -91,8 +92,21 @@ type Lease interface {
 // a waiter is handed the lock the moment it is free instead of polling.
 type Waiter interface {
 	// Acquire blocks until the lock is taken or ctx is done. When it
-	// returns an error, nothing of this attempt is left in the backend.
+	// returns an error, nothing of this attempt stays in the backend: at
+	// most, a wait that cannot be interrupted (flock) takes the lock for a
+	// moment when it is freed and lets go at once.
 	Acquire(ctx context.Context, name string) (Lease, error)
+}
+
+// Notifier is a Backend that can tell waiters that a lock may have been
+// released, so that they need not poll fast. Acquire subscribes before it
+// waits and still polls slowly, since notifications can be lost. A backend
+// whose ErrHeld errors have a method Remaining() time.Duration (the time
+// until the holder's lease runs out) is retried when that lease ends.
+type Notifier interface {
+	// Notify returns a channel that receives a value whenever name may have
+	// been released, until stop is called.
+	Notify(ctx context.Context, name string) (released <-chan struct{}, stop func(), err error)
 }
 
 // Watcher is a Lease that can notice its own loss between two Keeps, for

@@ -49,7 +49,8 @@ func FileName(name string) string {
 }
 
 type backend struct {
-	dir string
+	dir  string
+	held *os.File // the file of the lock taken through this backend, if any
 }
 
 func open(u *url.URL, _ lock.Options) (lock.Backend, error) {
@@ -62,7 +63,19 @@ func open(u *url.URL, _ lock.Options) (lock.Backend, error) {
 	return &backend{dir: filepath.Clean(u.Path)}, nil
 }
 
-func (b *backend) Close() error { return nil }
+// Close unlocks whatever is still held through b: the open file is the
+// session.
+func (b *backend) Close() error {
+	if b.held == nil {
+		return nil
+	}
+	err := b.held.Close()
+	b.held = nil
+	if errors.Is(err, os.ErrClosed) {
+		return nil
+	}
+	return err
+}
 
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
 	return b.acquire(ctx, name, false)
@@ -93,6 +106,7 @@ func (b *backend) acquire(ctx context.Context, name string, wait bool) (lock.Lea
 		// our flock; a lock on an unlinked file excludes nobody, so take the
 		// lock on whatever the path names now.
 		if same, _ := samePath(f, path); same {
+			b.held = f
 			return &lease{f: f, path: path}, nil
 		}
 		f.Close()

@@ -1,0 +1,422 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// long bounds every wait in these tests: generous, because the machines
+// that run them are slow and shared. No test asserts anything tighter.
+const long = 30 * time.Second
+
+// The test doubles below are the Backend and Lease interfaces reduced to
+// scripts, for testing the loops of Acquire and Held. The backends
+// themselves are tested against real servers (locktest).
+
+// script is a Backend whose n-th TryAcquire (from 0) returns answer(n): nil
+// grants lease (a fresh fakeLease if lease is nil).
+type script struct {
+	answer func(n int) error
+	lease  lock.Lease
+	calls  atomic.Int32
+}
+
+func (s *script) TryAcquire(context.Context, string) (lock.Lease, error) {
+	n := int(s.calls.Add(1)) - 1
+	if err := s.answer(n); err != nil {
+		return nil, err
+	}
+	if s.lease == nil {
+		return &fakeLease{}, nil
+	}
+	return s.lease, nil
+}
+
+func (s *script) Close() error { return nil }
+
+func always(err error) func(int) error { return func(int) error { return err } }
+
+// waiter is a script that is also a lock.Waiter whose Acquire grants at
+// once.
+type waiter struct {
+	script
+	waits atomic.Int32
+}
+
+func (w *waiter) Acquire(context.Context, string) (lock.Lease, error) {
+	w.waits.Add(1)
+	return &fakeLease{}, nil
+}
+
+// fakeLease is a Lease whose n-th Keep (from 0) returns keep(n), nil if
+// keep is nil, and whose Release returns releaseErr. It counts its calls and
+// reports each Keep on kept.
+type fakeLease struct {
+	keep       func(n int) error
+	kept       chan time.Time // if not nil, gets the time of every Keep (never blocks)
+	releaseErr error
+
+	keeps    atomic.Int32
+	releases atomic.Int32
+
+	mu sync.Mutex
+	// releaseCtxErr is the Err of the context of the last Release, when
+	// it was called; releaseHasDeadline whether it had a deadline.
+	releaseCtxErr      error
+	releaseHasDeadline bool
+}
+
+func (l *fakeLease) Keep(context.Context) error {
+	n := int(l.keeps.Add(1)) - 1
+	if l.kept != nil {
+		select {
+		case l.kept <- time.Now():
+		default:
+		}
+	}
+	if l.keep == nil {
+		return nil
+	}
+	return l.keep(n)
+}
+
+func (l *fakeLease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	_, l.releaseHasDeadline = ctx.Deadline()
+	l.releaseCtxErr = ctx.Err()
+	l.mu.Unlock()
+	l.releases.Add(1)
+	return l.releaseErr
+}
+
+var (
+	errUnreachable = lock.Errorf(lock.ErrUnavailable, "cannot reach test (connection refused)")
+	errHeld        = lock.Errorf(lock.ErrHeld, "test: held")
+	errRefused     = lock.Errorf(lock.ErrRefused, "test: password authentication failed")
+)
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), long)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// acquire runs lock.Acquire and releases what it got when t ends.
+func acquire(t *testing.T, ctx context.Context, b lock.Backend, opts lock.Options) (*lock.Held, error) {
+	t.Helper()
+	h, err := lock.Acquire(ctx, b, "job", opts)
+	if err == nil {
+		t.Cleanup(func() { h.Release(context.Background()) })
+	}
+	return h, err
+}
+
+func TestAcquireGrant(t *testing.T) {
+	b := &script{answer: always(nil)}
+	if _, err := acquire(t, testCtx(t), b, lock.Options{}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if n := b.calls.Load(); n != 1 {
+		t.Errorf("%d attempts, want 1", n)
+	}
+}
+
+func TestAcquireRetriesUnavailable(t *testing.T) {
+	t.Parallel()
+	b := &script{answer: always(errUnreachable)}
+	const timeout = 300 * time.Millisecond
+	start := time.Now()
+	_, err := acquire(t, testCtx(t), b, lock.Options{ConnectTimeout: timeout})
+	took := time.Since(start)
+	if !errors.Is(err, lock.ErrUnavailable) {
+		t.Fatalf("Acquire: %v; want an error matching lock.ErrUnavailable", err)
+	}
+	m := regexp.MustCompile(`^cannot reach test \(connection refused\); retried for (\S+)$`).FindStringSubmatch(err.Error())
+	if m == nil {
+		t.Errorf("Acquire: %q; want the backend's message, then \"; retried for DURATION\"", err)
+	} else if d, perr := time.ParseDuration(m[1]); perr != nil || d < timeout {
+		t.Errorf("Acquire: %q; want it to say it retried for at least the connect timeout, %v", err, timeout)
+	}
+	if took < timeout || took > long {
+		t.Errorf("Acquire gave up after %v; want the connect timeout, %v", took, timeout)
+	}
+	// Backoff from 50ms: a handful of attempts, not a busy loop, and more
+	// than one.
+	if n := b.calls.Load(); n < 3 || n > 15 {
+		t.Errorf("%d attempts in %v; want 3 to 15", n, took)
+	}
+}
+
+func TestAcquireRecovers(t *testing.T) {
+	t.Parallel()
+	b := &script{answer: func(n int) error {
+		if n < 3 {
+			return errUnreachable
+		}
+		return nil
+	}}
+	if _, err := acquire(t, testCtx(t), b, lock.Options{ConnectTimeout: time.Minute}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if n := b.calls.Load(); n != 4 {
+		t.Errorf("%d attempts, want 4", n)
+	}
+}
+
+// TestAcquireConnectTimeoutPerRun: the connect timeout counts from the
+// first failure of a run of failures; an answer from the backend (held)
+// ends the run.
+func TestAcquireConnectTimeoutPerRun(t *testing.T) {
+	t.Parallel()
+	const timeout = 500 * time.Millisecond
+	const cycles = 8 // unreachable, unreachable, held: each cycle lasts at least 125ms
+	b := &script{answer: func(n int) error {
+		switch {
+		case n >= 3*cycles:
+			return nil
+		case n%3 == 2:
+			return errHeld
+		}
+		return errUnreachable
+	}}
+	start := time.Now()
+	if _, err := acquire(t, testCtx(t), b, lock.Options{ConnectTimeout: timeout}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if took := time.Since(start); took <= timeout {
+		t.Fatalf("bad test: the script took %v, no longer than the connect timeout %v", took, timeout)
+	}
+}
+
+func TestAcquireOneAttempt(t *testing.T) {
+	for _, tc := range []struct {
+		desc   string
+		err    error
+		noWait bool
+	}{
+		{"refused", errRefused, false},
+		{"other error", errors.New("test: something else"), false},
+		{"held with NoWait", errHeld, true},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			b := &script{answer: always(tc.err)}
+			_, err := acquire(t, testCtx(t), b, lock.Options{NoWait: tc.noWait, ConnectTimeout: time.Minute})
+			if err != tc.err {
+				t.Errorf("Acquire: %v; want the backend's error as it is, %v", err, tc.err)
+			}
+			if n := b.calls.Load(); n != 1 {
+				t.Errorf("%d attempts, want 1", n)
+			}
+		})
+	}
+}
+
+func TestAcquirePollsHeld(t *testing.T) {
+	t.Parallel()
+	b := &script{answer: func(n int) error {
+		if n < 3 {
+			return errHeld
+		}
+		return nil
+	}}
+	if _, err := acquire(t, testCtx(t), b, lock.Options{}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if n := b.calls.Load(); n != 4 {
+		t.Errorf("%d attempts, want 4", n)
+	}
+}
+
+// TestAcquireUsesWaiter: a Waiter waits on the server, unless NoWait asks
+// for one attempt.
+func TestAcquireUsesWaiter(t *testing.T) {
+	for _, noWait := range []bool{false, true} {
+		b := &waiter{script: script{answer: always(nil)}}
+		if _, err := acquire(t, testCtx(t), b, lock.Options{NoWait: noWait}); err != nil {
+			t.Fatalf("NoWait %v: Acquire: %v", noWait, err)
+		}
+		tries, waits := b.calls.Load(), b.waits.Load()
+		if noWait && (tries != 1 || waits != 0) || !noWait && (tries != 0 || waits != 1) {
+			t.Errorf("NoWait %v: %d TryAcquire and %d Acquire calls", noWait, tries, waits)
+		}
+	}
+}
+
+func TestAcquireCancelled(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		desc string
+		err  error
+		// inCall cancels during the third attempt, else the test does it
+		// after the second, while Acquire pauses or makes the next one.
+		inCall bool
+	}{
+		{"held, cancelled in an attempt", errHeld, true},
+		{"held, cancelled between attempts", errHeld, false},
+		{"unreachable, cancelled in an attempt", errUnreachable, true},
+		{"unreachable, cancelled between attempts", errUnreachable, false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			cause := errors.New("test: stopped by a signal")
+			ctx, cancel := context.WithCancelCause(testCtx(t))
+			defer cancel(nil)
+			second := make(chan struct{})
+			b := &script{answer: func(n int) error {
+				switch {
+				case n == 2 && tc.inCall:
+					cancel(cause)
+				case n == 1 && !tc.inCall:
+					close(second)
+				}
+				return tc.err
+			}}
+			done := make(chan error, 1)
+			go func() {
+				_, err := acquire(t, ctx, b, lock.Options{ConnectTimeout: time.Hour})
+				done <- err
+			}()
+			if !tc.inCall {
+				<-second
+				cancel(cause)
+			}
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(long):
+				t.Fatalf("Acquire did not return %v after its context was cancelled", long)
+			}
+			if !errors.Is(err, cause) {
+				t.Errorf("Acquire: %v; want an error matching the cancel cause", err)
+			}
+			if !errors.Is(err, tc.err) {
+				t.Errorf("Acquire: %v; want an error matching the last backend error, %v", err, tc.err)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("Acquire: %q is more than one line", err)
+			}
+		})
+	}
+}
+
+func TestCheckName(t *testing.T) {
+	for _, name := range []string{"", strings.Repeat("x", 256), strings.Repeat("ü", 128), "a\xffb", "\xc3"} {
+		if err := lock.CheckName(name); !errors.Is(err, lock.ErrUsage) {
+			t.Errorf("CheckName(%.20q): %v; want an error matching lock.ErrUsage", name, err)
+		}
+	}
+	for _, name := range []string{"x", strings.Repeat("x", 255), "日本語", "../../etc/passwd", "a b"} {
+		if err := lock.CheckName(name); err != nil {
+			t.Errorf("CheckName(%.20q): %v", name, err)
+		}
+	}
+}
+
+func TestAcquireChecksName(t *testing.T) {
+	b := &script{answer: always(nil)}
+	_, err := lock.Acquire(testCtx(t), b, "", lock.Options{})
+	if !errors.Is(err, lock.ErrUsage) {
+		t.Errorf("Acquire with an empty name: %v; want an error matching lock.ErrUsage", err)
+	}
+	if n := b.calls.Load(); n != 0 {
+		t.Errorf("%d attempts with a bad name, want 0", n)
+	}
+}
+
+func TestErrorf(t *testing.T) {
+	inner := errors.New("connection refused")
+	err := lock.Errorf(lock.ErrUnavailable, "cannot reach db:5432 (%w)", inner)
+	if got, want := err.Error(), "cannot reach db:5432 (connection refused)"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	if !errors.Is(err, lock.ErrUnavailable) || !errors.Is(err, inner) {
+		t.Errorf("%v: want it to match both lock.ErrUnavailable and the wrapped error", err)
+	}
+	if errors.Is(err, lock.ErrRefused) {
+		t.Errorf("%v matches lock.ErrRefused", err)
+	}
+}
+
+// schemes makes a fresh scheme name per call: the registry is global and
+// the tests may run more than once in a process (-count).
+var schemes atomic.Int32
+
+func freshScheme(prefix string) string {
+	return prefix + "-" + strconv.Itoa(int(schemes.Add(1)))
+}
+
+func TestOpen(t *testing.T) {
+	scheme := freshScheme("test-open")
+	var gotURL *url.URL
+	var gotOpts lock.Options
+	lock.Register(scheme, func(u *url.URL, opts lock.Options) (lock.Backend, error) {
+		gotURL, gotOpts = u, opts
+		return &script{answer: always(nil)}, nil
+	})
+	found := false
+	for _, s := range lock.Schemes() {
+		found = found || s == scheme
+	}
+	if !found {
+		t.Errorf("Schemes() = %q, without %q", lock.Schemes(), scheme)
+	}
+
+	if _, err := lock.Open(strings.ToUpper(scheme)+"://host/x", lock.Options{}); err != nil {
+		t.Fatalf("Open of a registered scheme, in upper case: %v", err)
+	}
+	if gotURL == nil || gotURL.Host != "host" {
+		t.Errorf("the opener got URL %v", gotURL)
+	}
+	if gotOpts.TTL != lock.DefaultTTL || gotOpts.Grace != lock.DefaultGrace ||
+		gotOpts.ConnectTimeout != lock.DefaultConnectTimeout || gotOpts.Log == nil {
+		t.Errorf("the opener got options without their defaults: %+v", gotOpts)
+	}
+
+	for _, tc := range []struct {
+		url  string
+		kind error
+	}{
+		{"nope://u:hunter2@host/", lock.ErrUsage},
+		{"host/db", lock.ErrUsage},
+		{"//u:hunter2@host/db", lock.ErrUsage},
+		{"%zz://u:hunter2@host/", lock.ErrUsage},
+		{"redis://x", lock.ErrNotSupported},
+		{"rediss://u:hunter2@x", lock.ErrNotSupported},
+		{"mongodb+srv://x/db", lock.ErrNotSupported},
+		{"etcd://x:2379", lock.ErrNotSupported},
+		{"mysql://x/db", lock.ErrNotSupported},
+	} {
+		_, err := lock.Open(tc.url, lock.Options{})
+		if !errors.Is(err, tc.kind) {
+			t.Errorf("Open(%q): %v; want an error matching %v", tc.url, err, tc.kind)
+			continue
+		}
+		if !strings.Contains(err.Error(), scheme+"://") {
+			t.Errorf("Open(%q): %q; want it to list the supported schemes", tc.url, err)
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("Open(%q): %q shows the password", tc.url, err)
+		}
+	}
+}
+
+func TestRegisterTwicePanics(t *testing.T) {
+	scheme := freshScheme("test-dup")
+	open := func(*url.URL, lock.Options) (lock.Backend, error) { return nil, nil }
+	lock.Register(scheme, open)
+	defer func() {
+		if recover() == nil {
+			t.Errorf("registering %q twice did not panic", scheme)
+		}
+	}()
+	lock.Register(scheme, open)
+}

@@ -1,0 +1,254 @@
+package file_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/withlock/withlock/internal/lock"
+	"github.com/withlock/withlock/internal/lock/file"
+	"github.com/withlock/withlock/internal/lock/locktest"
+)
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// openDir returns a Backend for file://dir, closed when t ends.
+func openDir(t *testing.T, dir string, opts lock.Options) lock.Backend {
+	t.Helper()
+	b, err := lock.Open("file://"+dir, opts)
+	if err != nil {
+		t.Fatalf("Open(file://%s): %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return b
+}
+
+func TestConformance(t *testing.T) {
+	dir := t.TempDir()
+	locktest.Run(t, func(t *testing.T) lock.Backend {
+		return openDir(t, dir, lock.Options{})
+	}, locktest.Options{Session: true})
+}
+
+func TestFileName(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{
+		{"plain", "plain.lock"},
+		{"Az09._-", "Az09._-.lock"},
+		{"../../etc/passwd", "..%2F..%2Fetc%2Fpasswd.lock"},
+		{"a b", "a%20b.lock"},
+		{"a%2Fb", "a%252Fb.lock"},
+		{"\x00\x1f~*\xab\xff", "%00%1F%7E%2A%AB%FF.lock"},
+		{"zü", "z%C3%BC.lock"},
+		{strings.Repeat("x", 200), strings.Repeat("x", 200) + ".lock"},
+		// 66 slashes escape to 198 bytes: 200 in all, kept.
+		{strings.Repeat("/", 66) + "ab", strings.Repeat("%2F", 66) + "ab.lock"},
+		// One byte more is hashed. The sums are from sha256sum(1).
+		{strings.Repeat("x", 201), "sha256-84a0678c90937f5dcf9994d5866668da6b995109c8ad845410559b48a4ecafed.lock"},
+		{strings.Repeat("/", 67), "sha256-3eb1349aab9dc074e2028d6801ffe27e5de46b30e87a4e66e5fbb0b764f514e1.lock"},
+	} {
+		got := file.FileName(tc.name)
+		if got != tc.want {
+			t.Errorf("FileName(%q) = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestFileNameStaysInDir checks what makes FileName safe as a path element,
+// for names of every length.
+func TestFileNameStaysInDir(t *testing.T) {
+	for _, name := range []string{".", "..", "/", "a/../../b", strings.Repeat("ü", 127), strings.Repeat("/", 255)} {
+		got := file.FileName(name)
+		if strings.Contains(got, "/") || got == "." || got == ".." || len(got) > 255 || filepath.Base(got) != got {
+			t.Errorf("FileName(%q) = %q: not a single path element of at most 255 bytes", name, got)
+		}
+	}
+}
+
+func TestOpenURL(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		url string
+		ok  bool
+	}{
+		{"file://" + dir, true},
+		{"file://localhost" + dir, true},
+		{"FILE://" + dir, true},
+		{"file://host" + dir, false},
+		{"file:relative/dir", false},
+		{"file://", false},
+		{"file://" + dir + "?mode=0600", false},
+	} {
+		b, err := lock.Open(tc.url, lock.Options{})
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("Open(%q): %v", tc.url, err)
+		case !tc.ok && !errors.Is(err, lock.ErrUsage):
+			t.Errorf("Open(%q): %v; want an error matching lock.ErrUsage", tc.url, err)
+		}
+		if b != nil {
+			b.Close()
+		}
+	}
+}
+
+// TestLockFilePath checks where the lock is: DIR/FileName(NAME), DIR created
+// if missing, and nothing outside DIR, whatever NAME says.
+func TestLockFilePath(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "a", "b")
+	b := openDir(t, dir, lock.Options{})
+	name := "../../escape"
+	l, err := b.TryAcquire(ctx(t), name)
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	defer l.Release(ctx(t))
+	if _, err := os.Stat(filepath.Join(dir, file.FileName(name))); err != nil {
+		t.Errorf("lock file: %v", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("%s holds %d entries, want the one lock file", dir, len(entries))
+	}
+	if _, err := os.Stat(filepath.Join(root, "escape")); err == nil {
+		t.Errorf("the name %q made a file outside DIR", name)
+	}
+}
+
+// TestNotADirectory: a DIR that cannot be created is a refusal, not worth
+// retrying. (As root, permissions would not refuse anything.)
+func TestNotADirectory(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "plain-file")
+	if err := os.WriteFile(f, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	b := openDir(t, filepath.Join(f, "dir"), lock.Options{})
+	_, err := b.TryAcquire(ctx(t), "x")
+	if !errors.Is(err, lock.ErrRefused) {
+		t.Errorf("TryAcquire under a plain file: %v; want an error matching lock.ErrRefused", err)
+	}
+}
+
+func TestRemovedFileIsLost(t *testing.T) {
+	for _, replace := range []bool{false, true} {
+		t.Run(map[bool]string{false: "removed", true: "replaced"}[replace], func(t *testing.T) {
+			dir := t.TempDir()
+			a, b := openDir(t, dir, lock.Options{}), openDir(t, dir, lock.Options{})
+			l, err := a.TryAcquire(ctx(t), "job")
+			if err != nil {
+				t.Fatalf("TryAcquire: %v", err)
+			}
+			defer l.Release(ctx(t))
+			path := filepath.Join(dir, file.FileName("job"))
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			if replace {
+				if err := os.WriteFile(path, nil, 0o666); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := l.Keep(ctx(t)); !errors.Is(err, lock.ErrLost) {
+				t.Errorf("Keep after the lock file was %s: %v; want an error matching lock.ErrLost", t.Name(), err)
+			}
+			// This is why: a newcomer locks the new file.
+			lb, err := b.TryAcquire(ctx(t), "job")
+			if err != nil {
+				t.Fatalf("TryAcquire by a newcomer: %v", err)
+			}
+			lb.Release(ctx(t))
+		})
+	}
+}
+
+// TestRemovedFileLosesHeld: the keeper loop notices the removal by itself.
+func TestRemovedFileLosesHeld(t *testing.T) {
+	dir := t.TempDir()
+	b := openDir(t, dir, lock.Options{})
+	h, err := lock.Acquire(ctx(t), b, "job", lock.Options{TTL: 300 * time.Millisecond, Grace: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	defer h.Release(ctx(t))
+	if err := os.Remove(filepath.Join(dir, file.FileName("job"))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.Lost():
+		if !errors.Is(h.Err(), lock.ErrLost) {
+			t.Errorf("Err: %v; want an error matching lock.ErrLost", h.Err())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Lost not closed 30s after the lock file was removed")
+	}
+}
+
+// TestFlockInterop: flock(1) on DIR/FileName(NAME) and withlock exclude
+// each other, both ways.
+func TestFlockInterop(t *testing.T) {
+	if _, err := exec.LookPath("flock"); err != nil {
+		t.Skip("flock(1) (util-linux) not installed")
+	}
+	dir := t.TempDir()
+	b := openDir(t, dir, lock.Options{})
+	name := "nightly/zü"
+	path := filepath.Join(dir, file.FileName(name))
+	flockN := func() error { return exec.Command("flock", "-n", path, "true").Run() }
+
+	l, err := b.TryAcquire(ctx(t), name)
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	if err := flockN(); err == nil {
+		t.Error("flock -n succeeded while withlock held the lock")
+	}
+	if err := l.Release(ctx(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := flockN(); err != nil {
+		t.Errorf("flock -n after withlock released: %v", err)
+	}
+
+	// flock(1) holds the lock until its cat reads EOF; it prints once it
+	// holds it.
+	cmd := exec.Command("flock", path, "sh", "-c", "echo locked; exec cat >/dev/null")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	line := make([]byte, len("locked\n"))
+	if _, err := io.ReadFull(stdout, line); err != nil {
+		t.Fatalf("flock(1) did not say it holds the lock: %v", err)
+	}
+	if l, err := b.TryAcquire(ctx(t), name); !errors.Is(err, lock.ErrHeld) {
+		if err == nil {
+			l.Release(ctx(t))
+		}
+		t.Errorf("TryAcquire while flock(1) held the lock: %v; want an error matching lock.ErrHeld", err)
+	}
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("flock(1): %v", err)
+	}
+	l, err = b.TryAcquire(ctx(t), name)
+	if err != nil {
+		t.Fatalf("TryAcquire after flock(1) exited: %v", err)
+	}
+	l.Release(ctx(t))
+}

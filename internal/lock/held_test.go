@@ -1,0 +1,316 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// hold acquires "job" with lease through a script backend.
+func hold(t *testing.T, lease lock.Lease, opts lock.Options) *lock.Held {
+	t.Helper()
+	h, err := acquire(t, testCtx(t), &script{answer: always(nil), lease: lease}, opts)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	return h
+}
+
+// waitLost waits for h.Lost, failing t after long.
+func waitLost(t *testing.T, h *lock.Held) {
+	t.Helper()
+	select {
+	case <-h.Lost():
+	case <-time.After(long):
+		t.Fatalf("Lost not closed after %v", long)
+	}
+}
+
+// mustNotBeLost checks that Lost is open and Err nil.
+func mustNotBeLost(t *testing.T, h *lock.Held) {
+	t.Helper()
+	select {
+	case <-h.Lost():
+		t.Fatalf("Lost is closed: %v", h.Err())
+	default:
+	}
+	if err := h.Err(); err != nil {
+		t.Errorf("Err while Lost is open: %v", err)
+	}
+}
+
+// TestLostWhenKeepCannotTell: Keep errors that do not say "lost" are
+// retried, until no Keep has succeeded for TTL-Grace.
+func TestLostWhenKeepCannotTell(t *testing.T) {
+	t.Parallel()
+	l := &fakeLease{keep: always(errors.New("test: no answer"))}
+	h := hold(t, l, lock.Options{TTL: 600 * time.Millisecond, Grace: 200 * time.Millisecond})
+	waitLost(t, h)
+	// TTL-Grace is 400ms; allow for clocks that round.
+	if d := time.Since(h.AcquiredAt()); d < 350*time.Millisecond || d > 5*time.Second {
+		t.Errorf("Lost closed %v after acquisition; want about 400ms", d)
+	}
+	if err := h.Err(); !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "test: no answer") {
+		t.Errorf("Err: %v; want an error matching lock.ErrLost that gives the last error", err)
+	}
+	if n := l.keeps.Load(); n < 1 {
+		t.Errorf("Keep called %d times", n)
+	}
+	if err := h.Release(testCtx(t)); err != nil {
+		t.Errorf("Release after loss: %v", err)
+	}
+	if n := l.releases.Load(); n != 0 {
+		t.Errorf("the lease was released %d times after its loss; a lost lock is not released", n)
+	}
+}
+
+func TestLostWhenKeepSaysLost(t *testing.T) {
+	t.Parallel()
+	lost := lock.Errorf(lock.ErrLost, "test: taken")
+	l := &fakeLease{keep: always(lost)}
+	// The first Keep is at TTL/3 = 500ms, the deadline at TTL-Grace = 1s.
+	h := hold(t, l, lock.Options{TTL: 1500 * time.Millisecond, Grace: 500 * time.Millisecond})
+	waitLost(t, h)
+	if err := h.Err(); !errors.Is(err, lost) {
+		t.Errorf("Err: %v; want the error of Keep, %v", err, lost)
+	}
+	if n := l.keeps.Load(); n != 1 {
+		t.Errorf("Keep called %d times; want Lost closed at the first ErrLost", n)
+	}
+	if err := h.Release(testCtx(t)); err != nil {
+		t.Errorf("Release after loss: %v", err)
+	}
+	if n := l.releases.Load(); n != 0 {
+		t.Errorf("the lease was released %d times after its loss; a lost lock is not released", n)
+	}
+}
+
+// watchingLease is a Watcher that reports a loss once lose is closed.
+type watchingLease struct {
+	*fakeLease
+	lose chan struct{}
+}
+
+func (l watchingLease) Watch(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-l.lose:
+		return lock.Errorf(lock.ErrLost, "test: session ended")
+	}
+}
+
+func TestLostWhenWatchSaysLost(t *testing.T) {
+	t.Parallel()
+	l := watchingLease{&fakeLease{}, make(chan struct{})}
+	h := hold(t, l, lock.Options{TTL: time.Hour})
+	mustNotBeLost(t, h)
+	close(l.lose)
+	waitLost(t, h)
+	if err := h.Err(); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Err: %v; want an error matching lock.ErrLost", err)
+	}
+	if n := l.keeps.Load(); n != 0 {
+		t.Errorf("Keep called %d times; want the loss noticed by Watch alone", n)
+	}
+}
+
+// TestKeepCadence: Keep every TTL/3, and never sooner after a success.
+func TestKeepCadence(t *testing.T) {
+	t.Parallel()
+	const interval = 300 * time.Millisecond
+	l := &fakeLease{kept: make(chan time.Time, 100)}
+	// A Keep every TTL instead of TTL/3 would come after the deadline
+	// (TTL-Grace = 800ms) and lose the lock.
+	h := hold(t, l, lock.Options{TTL: 3 * interval, Grace: 100 * time.Millisecond})
+	prev := h.AcquiredAt()
+	for i := range 3 {
+		select {
+		case k := <-l.kept:
+			// Timers never fire early: each gap is at least the interval.
+			if gap := k.Sub(prev); gap < interval-50*time.Millisecond {
+				t.Errorf("Keep %d came %v after the previous one; want about %v", i+1, gap, interval)
+			}
+			prev = k
+		case <-h.Lost():
+			t.Fatalf("lost after %d Keeps: %v", i, h.Err())
+		case <-time.After(long):
+			t.Fatalf("no Keep %d after %v", i+1, long)
+		}
+	}
+	if d := prev.Sub(h.AcquiredAt()); d > 5*time.Second {
+		t.Errorf("3 Keeps took %v; want about %v", d, 3*interval)
+	}
+}
+
+// TestKeepRetriesSooner: after a Keep that could not tell, the next comes
+// sooner than TTL/3, so one hiccup does not lose the lock.
+func TestKeepRetriesSooner(t *testing.T) {
+	t.Parallel()
+	l := &fakeLease{
+		kept: make(chan time.Time, 100),
+		keep: func(n int) error {
+			if n == 0 {
+				return errors.New("test: hiccup")
+			}
+			return nil
+		},
+	}
+	// Keeps every 500ms; after the failed one at 500ms, a retry at the
+	// next interval (1s) would meet the deadline (TTL-Grace = 1s) and lose
+	// the lock.
+	h := hold(t, l, lock.Options{TTL: 1500 * time.Millisecond, Grace: 500 * time.Millisecond})
+	for i := range 3 {
+		select {
+		case <-l.kept:
+		case <-h.Lost():
+			t.Fatalf("lost after %d Keeps: %v", i, h.Err())
+		case <-time.After(long):
+			t.Fatalf("no Keep %d after %v", i+1, long)
+		}
+	}
+	mustNotBeLost(t, h)
+}
+
+func TestReleaseStopsKeeping(t *testing.T) {
+	t.Parallel()
+	l := &fakeLease{}
+	h := hold(t, l, lock.Options{TTL: 600 * time.Millisecond, Grace: 100 * time.Millisecond})
+	if err := h.Release(testCtx(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if n := l.releases.Load(); n != 1 {
+		t.Errorf("the lease was released %d times, want 1", n)
+	}
+	keeps := l.keeps.Load()
+	select {
+	case <-h.Lost():
+		t.Errorf("Lost closed after Release: %v", h.Err())
+	case <-time.After(700 * time.Millisecond): // past a Keep's time and TTL-Grace
+	}
+	if n := l.keeps.Load(); n != keeps {
+		t.Errorf("Keep called %d times after Release", n-keeps)
+	}
+}
+
+func TestReleaseOnce(t *testing.T) {
+	failed := errors.New("test: connection reset")
+	l := &fakeLease{releaseErr: failed}
+	h := hold(t, l, lock.Options{})
+	err := h.Release(testCtx(t))
+	if !errors.Is(err, failed) || !strings.Contains(err.Error(), `"job"`) {
+		t.Errorf("Release: %v; want the lease's error, naming the lock", err)
+	}
+	if again := h.Release(testCtx(t)); again != err {
+		t.Errorf("second Release: %v; want the first result, %v", again, err)
+	}
+	if n := l.releases.Load(); n != 1 {
+		t.Errorf("the lease was released %d times, want 1", n)
+	}
+}
+
+func TestHoldAtLeastWaits(t *testing.T) {
+	t.Parallel()
+	const least = 300 * time.Millisecond
+	l := &fakeLease{}
+	h := hold(t, l, lock.Options{HoldAtLeast: least})
+	ctx, cancel := context.WithCancel(testCtx(t))
+	if err := h.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	cancel()
+	if d := time.Since(h.AcquiredAt()); d < least {
+		t.Errorf("Release returned %v after acquisition, before HoldAtLeast %v", d, least)
+	}
+	if n := l.releases.Load(); n != 1 {
+		t.Errorf("the lease was released %d times, want 1", n)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.releaseCtxErr != nil || !l.releaseHasDeadline {
+		t.Errorf("the lease's Release got a context that was done (%v) or had no deadline (%v); want its own timeout",
+			l.releaseCtxErr, !l.releaseHasDeadline)
+	}
+}
+
+func TestHoldAtLeastCancelled(t *testing.T) {
+	t.Parallel()
+	l := &fakeLease{}
+	h := hold(t, l, lock.Options{HoldAtLeast: time.Hour})
+	ctx, cancel := context.WithCancel(testCtx(t))
+	done := make(chan error, 1)
+	go func() { done <- h.Release(ctx) }()
+	// Cancelled before or during the hold: either way Release ends early.
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Release: %v", err)
+		}
+	case <-time.After(long):
+		t.Fatalf("Release with a cancelled context still holding after %v", long)
+	}
+	if n := l.releases.Load(); n != 1 {
+		t.Errorf("the lease was released %d times, want 1", n)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.releaseCtxErr != nil {
+		t.Errorf("the lease's Release got a done context: %v; a cancelled hold must still release", l.releaseCtxErr)
+	}
+}
+
+// lingeringLease is a Lingerer that records ReleaseAt.
+type lingeringLease struct {
+	*fakeLease
+	releaseAts atomic.Int32
+	until      chan time.Time
+}
+
+func (l *lingeringLease) ReleaseAt(_ context.Context, until time.Time) error {
+	l.releaseAts.Add(1)
+	l.until <- until
+	return nil
+}
+
+func TestHoldAtLeastLingers(t *testing.T) {
+	t.Parallel()
+	l := &lingeringLease{fakeLease: &fakeLease{}, until: make(chan time.Time, 1)}
+	h := hold(t, l, lock.Options{HoldAtLeast: time.Hour})
+	if err := h.Release(testCtx(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if n := l.releaseAts.Load(); n != 1 {
+		t.Fatalf("ReleaseAt called %d times, want 1", n)
+	}
+	if until, want := <-l.until, h.AcquiredAt().Add(time.Hour); !until.Equal(want) {
+		t.Errorf("ReleaseAt(%v); want acquisition + HoldAtLeast, %v", until, want)
+	}
+	if n := l.releases.Load(); n != 0 {
+		t.Errorf("Release of the lease called %d times; want ReleaseAt alone", n)
+	}
+}
+
+// fencedLease is a Fenced lease.
+type fencedLease struct {
+	*fakeLease
+	token int64
+}
+
+func (l fencedLease) Token() int64 { return l.token }
+
+func TestToken(t *testing.T) {
+	h := hold(t, fencedLease{&fakeLease{}, 42}, lock.Options{})
+	if token, ok := h.Token(); token != 42 || !ok {
+		t.Errorf("Token() = %d, %v; want 42, true", token, ok)
+	}
+	h = hold(t, &fakeLease{}, lock.Options{})
+	if token, ok := h.Token(); token != 0 || ok {
+		t.Errorf("Token() of a lease without one = %d, %v; want 0, false", token, ok)
+	}
+}

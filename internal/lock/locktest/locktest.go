@@ -1,0 +1,373 @@
+// Package locktest is the conformance suite that every lock backend passes,
+// run from the backend's own tests against a real server, in the manner of
+// golang-migrate's database/testing. A backend's tests add only what is
+// special to that backend.
+package locktest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// long bounds every wait of the suite. It is generous because the machines
+// that run the tests are slow and shared; no subtest asserts anything
+// tighter.
+const long = 30 * time.Second
+
+// Options describes the backend under test.
+type Options struct {
+	// Session says that a lock lives as long as the session of the Backend
+	// that took it (PostgreSQL, MySQL, file), so closing that Backend frees
+	// the lock. A lease backend's lock outlives Close until its lease runs
+	// out; the subtest about Close is skipped for it.
+	Session bool
+}
+
+// Run runs the suite. Each call of open must return a new Backend on the
+// same lock space, not connected to any other: two calls are two
+// independent clients, as two withlock processes would be. open closes the
+// Backend through t.Cleanup.
+func Run(t *testing.T, open func(t *testing.T) lock.Backend, opts Options) {
+	t.Run("TryAcquireFree", func(t *testing.T) { testTryAcquireFree(t, open) })
+	t.Run("HeldExcludes", func(t *testing.T) { testHeldExcludes(t, open) })
+	t.Run("NamesDiffer", func(t *testing.T) { testNamesDiffer(t, open) })
+	t.Run("CloseFrees", func(t *testing.T) {
+		if !opts.Session {
+			t.Skip("a lease backend's lock ends with its lease (TTL), not when the holder closes its Backend")
+		}
+		testCloseFrees(t, open)
+	})
+	t.Run("WaiterGetsFreedLock", func(t *testing.T) { testWaiterGetsFreedLock(t, open) })
+	t.Run("WaiterCancelled", func(t *testing.T) { testWaiterCancelled(t, open) })
+	t.Run("AcquireHolds", func(t *testing.T) { testAcquireHolds(t, open) })
+	t.Run("AcquireNoWait", func(t *testing.T) { testAcquireNoWait(t, open) })
+	t.Run("AcquireTimeout", func(t *testing.T) { testAcquireTimeout(t, open) })
+}
+
+// Name returns a lock name that no other test uses: the test's name and a
+// random suffix, at most 120 bytes, so that callers can append to it.
+func Name(t testing.TB) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	n := t.Name()
+	if len(n) > 100 {
+		n = strings.ToValidUTF8(n[:100], "")
+	}
+	return "locktest/" + n + "/" + hex.EncodeToString(b)
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), long)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// mustTry takes name through b, failing t if it cannot.
+func mustTry(t *testing.T, b lock.Backend, name string) lock.Lease {
+	t.Helper()
+	l, err := b.TryAcquire(testCtx(t), name)
+	if err != nil {
+		t.Fatalf("TryAcquire(%q): %v", name, err)
+	}
+	if l == nil {
+		t.Fatalf("TryAcquire(%q) returned a nil Lease and no error", name)
+	}
+	return l
+}
+
+// mustTrySoon is mustTry for a lock that a cancelled wait may still touch
+// for a moment (see lock.Waiter): it retries ErrHeld for up to a second.
+func mustTrySoon(t *testing.T, b lock.Backend, name string) lock.Lease {
+	t.Helper()
+	deadline := time.Now().Add(time.Second)
+	for {
+		l, err := b.TryAcquire(testCtx(t), name)
+		if err == nil {
+			return l
+		}
+		if !errors.Is(err, lock.ErrHeld) || time.Now().After(deadline) {
+			t.Fatalf("TryAcquire(%q) a second after the holder let go: %v", name, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// mustBeHeld checks that b cannot take name because someone else holds it.
+func mustBeHeld(t *testing.T, b lock.Backend, name string) {
+	t.Helper()
+	l, err := b.TryAcquire(testCtx(t), name)
+	if err == nil {
+		l.Release(testCtx(t))
+		t.Fatalf("TryAcquire(%q) by a second client succeeded while the lock was held", name)
+	}
+	if !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("TryAcquire(%q) of a held lock: %v; want an error matching lock.ErrHeld", name, err)
+	}
+}
+
+func mustRelease(t *testing.T, l lock.Lease) {
+	t.Helper()
+	if err := l.Release(testCtx(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+func testTryAcquireFree(t *testing.T, open func(*testing.T) lock.Backend) {
+	a := open(t)
+	name := Name(t)
+	l := mustTry(t, a, name)
+	if err := l.Keep(testCtx(t)); err != nil {
+		t.Errorf("Keep of a fresh lease: %v", err)
+	}
+	if w, ok := l.(lock.Watcher); ok {
+		ctx, cancel := context.WithTimeout(testCtx(t), 100*time.Millisecond)
+		err := w.Watch(ctx)
+		cancel()
+		if err != nil {
+			t.Errorf("Watch of a healthy lease, until its ctx ended: %v; want nil", err)
+		}
+	}
+	mustRelease(t, l)
+	// The same client can take it again.
+	mustRelease(t, mustTry(t, a, name))
+}
+
+func testHeldExcludes(t *testing.T, open func(*testing.T) lock.Backend) {
+	a, b := open(t), open(t)
+	name := Name(t)
+	la := mustTry(t, a, name)
+	mustBeHeld(t, b, name)
+	mustRelease(t, la)
+	lb := mustTry(t, b, name)
+	mustBeHeld(t, a, name)
+	mustRelease(t, lb)
+}
+
+func testNamesDiffer(t *testing.T, open func(*testing.T) lock.Backend) {
+	// long returns prefix padded with x to n bytes, ending in last.
+	long := func(prefix string, n int, last string) string {
+		return prefix + strings.Repeat("x", n-len(prefix)-len(last)) + last
+	}
+	for _, tc := range []struct {
+		desc string
+		x, y func(prefix string) string
+	}{
+		{"case", suffix("/lock"), suffix("/LOCK")},
+		{"slash vs escaped slash", suffix("/a/b"), suffix("/a%2Fb")},
+		{"percent vs escaped percent", suffix("/a%b"), suffix("/a%25b")},
+		{"dot-dot", suffix("/../x"), suffix("/..%2Fx")},
+		{"unicode vs ascii", suffix("/zü"), suffix("/zu")},
+		{"unicode vs its escape", suffix("/zü"), suffix("/z%C3%BC")},
+		{"NFC vs NFD", suffix("/\u00e9"), suffix("/e\u0301")},
+		{"trailing space", suffix("/a"), suffix("/a ")},
+		{"quotes", suffix(`/it's "quoted"; --`), suffix("/it")},
+		{"255 bytes, last byte differs",
+			func(p string) string { return long(p, lock.MaxNameLen, "1") },
+			func(p string) string { return long(p, lock.MaxNameLen, "2") }},
+		{"255 bytes vs 254",
+			func(p string) string { return long(p, lock.MaxNameLen, "") },
+			func(p string) string { return long(p, lock.MaxNameLen-1, "") }},
+		{"255 bytes of unicode, last rune differs",
+			func(p string) string { return long(p, lock.MaxNameLen, "ü") },
+			func(p string) string { return long(p, lock.MaxNameLen, "ö") }},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			prefix := Name(t)
+			x, y := tc.x(prefix), tc.y(prefix)
+			for _, n := range []string{x, y} {
+				if err := lock.CheckName(n); err != nil {
+					t.Fatalf("bad test: %q: %v", n, err)
+				}
+			}
+			a, b, c := open(t), open(t), open(t)
+			lx := mustTry(t, a, x)
+			mustBeHeld(t, c, x)
+			ly := mustTry(t, b, y)
+			mustBeHeld(t, c, y)
+			mustRelease(t, lx)
+			mustRelease(t, ly)
+		})
+	}
+}
+
+func suffix(s string) func(string) string {
+	return func(prefix string) string { return prefix + s }
+}
+
+func testCloseFrees(t *testing.T, open func(*testing.T) lock.Backend) {
+	a, b := open(t), open(t)
+	name := Name(t)
+	mustTry(t, a, name)
+	if err := a.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	// The server may take a moment to notice the session's end, so b waits
+	// (Acquire) rather than trying once.
+	ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
+	defer cancel()
+	h, err := lock.Acquire(ctx, b, name, lock.Options{})
+	if err != nil {
+		t.Fatalf("after the holder's Backend was closed, another client could not take the lock within 10s: %v", err)
+	}
+	if err := h.Release(testCtx(t)); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
+
+type result struct {
+	lease lock.Lease
+	err   error
+}
+
+// waitInBackground calls w.Acquire on a goroutine; the returned channel
+// gets its result. The goroutine is waited for before the test's Backends
+// are closed.
+func waitInBackground(t *testing.T, ctx context.Context, w lock.Waiter, name string) <-chan result {
+	done := make(chan result, 1)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		l, err := w.Acquire(ctx, name)
+		done <- result{l, err}
+	}()
+	// Cleanups run last-in first-out, so this runs before the Backends
+	// (opened earlier) are closed; t.Context is done by then.
+	t.Cleanup(func() { <-finished })
+	return done
+}
+
+// mustBlock checks that nothing arrives on c for a moment.
+func mustBlock(t *testing.T, c <-chan result, what string) {
+	t.Helper()
+	select {
+	case r := <-c:
+		if r.err == nil {
+			r.lease.Release(testCtx(t))
+		}
+		t.Fatalf("%s returned while the lock was held: %v", what, r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+func testWaiterGetsFreedLock(t *testing.T, open func(*testing.T) lock.Backend) {
+	a, b, c := open(t), open(t), open(t)
+	w, ok := b.(lock.Waiter)
+	if !ok {
+		t.Skip("the backend is not a lock.Waiter")
+	}
+	name := Name(t)
+	la := mustTry(t, a, name)
+	got := waitInBackground(t, testCtx(t), w, name)
+	mustBlock(t, got, "Acquire")
+	mustRelease(t, la)
+	released := time.Now()
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Acquire did not return within 10s of the holder's release")
+	}
+	if r.err != nil {
+		t.Fatalf("Acquire after the holder's release: %v", r.err)
+	}
+	t.Logf("hand-off took %v", time.Since(released))
+	mustBeHeld(t, c, name)
+	if err := r.lease.Keep(testCtx(t)); err != nil {
+		t.Errorf("Keep of the waited-for lease: %v", err)
+	}
+	mustRelease(t, r.lease)
+	mustRelease(t, mustTry(t, c, name))
+}
+
+func testWaiterCancelled(t *testing.T, open func(*testing.T) lock.Backend) {
+	a, b, c := open(t), open(t), open(t)
+	w, ok := b.(lock.Waiter)
+	if !ok {
+		t.Skip("the backend is not a lock.Waiter")
+	}
+	name := Name(t)
+	la := mustTry(t, a, name)
+	ctx, cancel := context.WithCancelCause(testCtx(t))
+	defer cancel(nil)
+	got := waitInBackground(t, ctx, w, name)
+	mustBlock(t, got, "Acquire")
+	cancel(errors.New("locktest: stop waiting"))
+	cancelled := time.Now()
+	select {
+	case r := <-got:
+		if r.err == nil {
+			r.lease.Release(testCtx(t))
+			t.Fatal("Acquire with a cancelled context returned a lease while the lock was held")
+		}
+		t.Logf("Acquire returned after %v: %v", time.Since(cancelled), r.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Acquire did not return within 10s of its context being cancelled")
+	}
+	// Nothing of the cancelled wait is left: once the holder lets go, a
+	// newcomer gets the lock (at once, or after the moment lock.Waiter
+	// allows).
+	mustRelease(t, la)
+	lc := mustTrySoon(t, c, name)
+	mustRelease(t, lc)
+	// And the cancelled client still works.
+	mustRelease(t, mustTry(t, b, name))
+}
+
+func testAcquireHolds(t *testing.T, open func(*testing.T) lock.Backend) {
+	a, b := open(t), open(t)
+	name := Name(t)
+	h, err := lock.Acquire(testCtx(t), a, name, lock.Options{})
+	if err != nil {
+		t.Fatalf("lock.Acquire of a free lock: %v", err)
+	}
+	select {
+	case <-h.Lost():
+		t.Fatalf("Lost is closed right after Acquire: %v", h.Err())
+	default:
+	}
+	mustBeHeld(t, b, name)
+	if err := h.Release(testCtx(t)); err != nil {
+		t.Fatalf("Held.Release: %v", err)
+	}
+	mustRelease(t, mustTry(t, b, name))
+}
+
+func testAcquireNoWait(t *testing.T, open func(*testing.T) lock.Backend) {
+	a, b := open(t), open(t)
+	name := Name(t)
+	la := mustTry(t, a, name)
+	h, err := lock.Acquire(testCtx(t), b, name, lock.Options{NoWait: true})
+	if err == nil {
+		h.Release(testCtx(t))
+		t.Fatal("lock.Acquire with NoWait took a held lock")
+	}
+	if !errors.Is(err, lock.ErrHeld) {
+		t.Errorf("lock.Acquire with NoWait on a held lock: %v; want an error matching lock.ErrHeld", err)
+	}
+	mustRelease(t, la)
+}
+
+func testAcquireTimeout(t *testing.T, open func(*testing.T) lock.Backend) {
+	a, b, c := open(t), open(t), open(t)
+	name := Name(t)
+	la := mustTry(t, a, name)
+	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	defer cancel()
+	h, err := lock.Acquire(ctx, b, name, lock.Options{})
+	if err == nil {
+		h.Release(testCtx(t))
+		t.Fatal("lock.Acquire took a held lock")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("lock.Acquire that timed out: %v; want an error matching context.DeadlineExceeded", err)
+	}
+	mustRelease(t, la)
+	mustRelease(t, mustTrySoon(t, c, name))
+}
