@@ -79,50 +79,77 @@ func expectStatus() {
 func TestScripts(t *testing.T) {
 	pg := testenv.RequirePostgres(t)
 	npmDir := testenv.RequireNPM(t)
+	testenv.RequireRedis(t).Close() // fail or skip early if it is missing
 	var dbs atomic.Int64
 	backends := []struct {
 		name string
-		db   func(e *testscript.Env) (string, error)
+		// db returns the URL of a lock space of the script's own, and the
+		// script's own server if it has one.
+		db func(e *testscript.Env) (string, server, error)
 	}{
-		{"file", func(e *testscript.Env) (string, error) {
-			return "file://" + filepath.Join(e.WorkDir, "locks"), nil
+		{"file", func(e *testscript.Env) (string, server, error) {
+			return "file://" + filepath.Join(e.WorkDir, "locks"), nil, nil
 		}},
-		{"postgres", func(e *testscript.Env) (string, error) {
+		{"postgres", func(e *testscript.Env) (string, server, error) {
 			e.Setenv("PGHOSTPORT", fmt.Sprintf("127.0.0.1:%d", pg.Port))
 			// Advisory locks are per database: a database per script keeps
-			// scripts that run at once out of each other's way.
-			return pg.CreateDatabase(fmt.Sprintf("script%d", dbs.Add(1)))
+			// scripts that run at once out of each other's way. Scripts that
+			// stop the server start one of their own ("server start").
+			db, err := pg.CreateDatabase(fmt.Sprintf("script%d", dbs.Add(1)))
+			return db, nil, err
+		}},
+		{"redis", func(e *testscript.Env) (string, server, error) {
+			r, err := testenv.StartRedis() // ~15ms: one per script
+			if err != nil {
+				return "", nil, err
+			}
+			return r.URL, r, nil
 		}},
 	}
 	t.Run("cli", func(t *testing.T) {
-		testscript.Run(t, params("testdata/script/cli", nil))
+		testscript.Run(t, params("testdata/script/cli", "", nil))
 	})
 	for _, b := range backends {
 		setup := func(e *testscript.Env) error {
-			db, err := b.db(e)
+			db, srv, err := b.db(e)
 			if err != nil {
 				return err
 			}
+			e.Values[stateKey{}].(*scriptState).server = srv
 			e.Setenv("DB", db)
 			e.Setenv("BACKEND", b.name)
 			e.Setenv("NPMDIR", npmDir) // the npm package advisory-lock, installed
 			return nil
 		}
 		t.Run(b.name, func(t *testing.T) {
-			t.Run("all", func(t *testing.T) { testscript.Run(t, params("testdata/script/all", setup)) })
-			t.Run("only", func(t *testing.T) { testscript.Run(t, params("testdata/script/"+b.name, setup)) })
+			t.Run("all", func(t *testing.T) { testscript.Run(t, params("testdata/script/all", b.name, setup)) })
+			dir := "testdata/script/" + b.name
+			if _, err := os.Stat(dir); err == nil {
+				t.Run("only", func(t *testing.T) { testscript.Run(t, params(dir, b.name, setup)) })
+			}
 		})
 	}
 }
 
+// server is a test server of one script's own.
+type server interface {
+	Stop() error
+	Start() error
+	Close() error
+}
+
 // scriptState is what one script's custom commands share.
 type scriptState struct {
-	pg *testenv.Postgres // started by pgserver
+	server server
 }
 
 type stateKey struct{}
 
-func params(dir string, setup func(*testscript.Env) error) testscript.Params {
+// leaseBackends hold an expiring lease; the others a lock that lives with
+// their connection or open file.
+var leaseBackends = map[string]bool{"redis": true, "mongodb": true}
+
+func params(dir, backend string, setup func(*testscript.Env) error) testscript.Params {
 	return testscript.Params{
 		Dir:                 dir,
 		RequireExplicitExec: true,
@@ -131,8 +158,8 @@ func params(dir string, setup func(*testscript.Env) error) testscript.Params {
 			st := &scriptState{}
 			e.Values[stateKey{}] = st
 			e.Defer(func() {
-				if st.pg != nil {
-					st.pg.Close()
+				if st.server != nil {
+					st.server.Close()
 				}
 			})
 			// Scripts choose their backend through $DB; none leaks in.
@@ -147,6 +174,8 @@ func params(dir string, setup func(*testscript.Env) error) testscript.Params {
 			switch cond {
 			case "root":
 				return os.Geteuid() == 0, nil
+			case "lease":
+				return leaseBackends[backend], nil
 			}
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},
@@ -154,7 +183,7 @@ func params(dir string, setup func(*testscript.Env) error) testscript.Params {
 			"waitfile":   cmdWaitfile,
 			"gone":       cmdGone,
 			"pgsql":      cmdPgsql,
-			"pgserver":   cmdPgserver,
+			"server":     cmdServer,
 			"countlines": cmdCountlines,
 			"signal":     cmdSignal,
 			"sleep":      cmdSleep,
@@ -244,28 +273,28 @@ func cmdPgsql(ts *testscript.TestScript, neg bool, args []string) {
 	}
 }
 
-// pgserver start|stop|restart: a PostgreSQL server of this script's own, for
-// scripts that stop and start the server. "start" the first time creates it
-// and points $DB at it; it is removed when the script ends.
-func cmdPgserver(ts *testscript.TestScript, neg bool, args []string) {
+// server start|stop: the script's own server. Redis and MongoDB scripts
+// have one from the start; for PostgreSQL the first "server start" creates
+// a cluster and points $DB at it (the shared one must not be stopped).
+func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 	st := ts.Value(stateKey{}).(*scriptState)
-	if neg || len(args) != 1 {
-		ts.Fatalf("usage: pgserver start|stop")
+	if neg || len(args) != 1 || args[0] != "start" && args[0] != "stop" {
+		ts.Fatalf("usage: server start|stop")
 	}
-	switch args[0] {
-	case "start":
-		if st.pg == nil {
-			pg, err := testenv.StartPostgres()
-			ts.Check(err)
-			st.pg = pg
-			ts.Setenv("DB", pg.URL)
-			return
+	if st.server == nil {
+		if args[0] != "start" || ts.Getenv("BACKEND") != "postgres" {
+			ts.Fatalf("server: this script has no server of its own to %s", args[0])
 		}
-		ts.Check(st.pg.Start())
-	case "stop":
-		ts.Check(st.pg.Stop())
-	default:
-		ts.Fatalf("usage: pgserver start|stop")
+		pg, err := testenv.StartPostgres()
+		ts.Check(err)
+		st.server = pg
+		ts.Setenv("DB", pg.URL)
+		return
+	}
+	if args[0] == "start" {
+		ts.Check(st.server.Start())
+	} else {
+		ts.Check(st.server.Stop())
 	}
 }
 

@@ -4,4 +4,5 @@ package cmd
 import (
 	_ "github.com/withlock/withlock/internal/lock/file"
 	_ "github.com/withlock/withlock/internal/lock/postgres"
+	_ "github.com/withlock/withlock/internal/lock/redis"
 )
