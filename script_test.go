@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/withlock/withlock/cmd"
+	"github.com/withlock/withlock/internal/lock/redis"
 	"github.com/withlock/withlock/internal/testenv"
 )
 
@@ -30,6 +31,7 @@ import (
 //	testdata/script/postgres  PostgreSQL only; $NPMDIR holds the npm package
 //	                          advisory-lock and hold.js
 //	testdata/script/file      file:// only
+//	testdata/script/lease     every lease backend (Redis, MongoDB)
 func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
 		"withlock": func() { os.Exit(cmd.Main()) },
@@ -123,6 +125,9 @@ func TestScripts(t *testing.T) {
 		}
 		t.Run(b.name, func(t *testing.T) {
 			t.Run("all", func(t *testing.T) { testscript.Run(t, params("testdata/script/all", b.name, setup)) })
+			if leaseBackends[b.name] {
+				t.Run("lease", func(t *testing.T) { testscript.Run(t, params("testdata/script/lease", b.name, setup)) })
+			}
 			dir := "testdata/script/" + b.name
 			if _, err := os.Stat(dir); err == nil {
 				t.Run("only", func(t *testing.T) { testscript.Run(t, params(dir, b.name, setup)) })
@@ -136,6 +141,13 @@ type server interface {
 	Stop() error
 	Start() error
 	Close() error
+}
+
+// freezer is a server that can be frozen (SIGSTOP) to stop answering
+// without closing any connection.
+type freezer interface {
+	Pause() error
+	Resume() error
 }
 
 // scriptState is what one script's custom commands share.
@@ -187,6 +199,7 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			"countlines": cmdCountlines,
 			"signal":     cmdSignal,
 			"sleep":      cmdSleep,
+			"breaklease": cmdBreaklease,
 		},
 	}
 }
@@ -273,13 +286,14 @@ func cmdPgsql(ts *testscript.TestScript, neg bool, args []string) {
 	}
 }
 
-// server start|stop: the script's own server. Redis and MongoDB scripts
+// server start|stop|pause|resume: the script's own server; pause freezes it
+// (SIGSTOP), so that it stops answering without closing connections. Redis and MongoDB scripts
 // have one from the start; for PostgreSQL the first "server start" creates
 // a cluster and points $DB at it (the shared one must not be stopped).
 func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 	st := ts.Value(stateKey{}).(*scriptState)
-	if neg || len(args) != 1 || args[0] != "start" && args[0] != "stop" {
-		ts.Fatalf("usage: server start|stop")
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: server start|stop|pause|resume")
 	}
 	if st.server == nil {
 		if args[0] != "start" || ts.Getenv("BACKEND") != "postgres" {
@@ -291,10 +305,38 @@ func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Setenv("DB", pg.URL)
 		return
 	}
-	if args[0] == "start" {
+	f, canFreeze := st.server.(freezer)
+	switch {
+	case args[0] == "start":
 		ts.Check(st.server.Start())
-	} else {
+	case args[0] == "stop":
 		ts.Check(st.server.Stop())
+	case args[0] == "pause" && canFreeze:
+		ts.Check(f.Pause())
+	case args[0] == "resume" && canFreeze:
+		ts.Check(f.Resume())
+	default:
+		ts.Fatalf("usage: server start|stop|pause|resume (pause and resume: Redis, MongoDB)")
+	}
+}
+
+// breaklease NAME deletes NAME's lease behind its holder's back, as an
+// operator or a buggy client might.
+func cmdBreaklease(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: breaklease NAME")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	switch ts.Getenv("BACKEND") {
+	case "redis":
+		n, err := testenv.RedisDo(ctx, ts.Getenv("DB"), "DEL", redis.Key(args[0]))
+		ts.Check(err)
+		if n != "1" {
+			ts.Fatalf("breaklease: no lease %s to delete", redis.Key(args[0]))
+		}
+	default:
+		ts.Fatalf("breaklease: not for backend %s", ts.Getenv("BACKEND"))
 	}
 }
 
