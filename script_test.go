@@ -15,9 +15,13 @@ import (
 	"time"
 
 	"github.com/rogpeppe/go-internal/testscript"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"golang.org/x/sys/unix"
 
 	"github.com/withlock/withlock/cmd"
+	"github.com/withlock/withlock/internal/lock/mongodb"
 	"github.com/withlock/withlock/internal/lock/redis"
 	"github.com/withlock/withlock/internal/testenv"
 )
@@ -81,7 +85,8 @@ func expectStatus() {
 func TestScripts(t *testing.T) {
 	pg := testenv.RequirePostgres(t)
 	npmDir := testenv.RequireNPM(t)
-	testenv.RequireRedis(t).Close() // fail or skip early if it is missing
+	testenv.RequireRedis(t).Close() // fail or skip early if one is missing
+	testenv.RequireMongo(t).Close()
 	var dbs atomic.Int64
 	backends := []struct {
 		name string
@@ -100,11 +105,22 @@ func TestScripts(t *testing.T) {
 			db, err := pg.CreateDatabase(fmt.Sprintf("script%d", dbs.Add(1)))
 			return db, nil, err
 		}},
-		{"redis", func(e *testscript.Env) (string, server, error) {
-			r, err := testenv.StartRedis() // ~15ms: one per script
+		{"mongodb", func(e *testscript.Env) (string, server, error) {
+			m, err := testenv.StartMongo() // ~15ms: one per script
 			if err != nil {
 				return "", nil, err
 			}
+			e.Setenv("CLOSED", "mongodb://u:hunter22@127.0.0.1:1/")
+			return m.URL, m, nil
+		}},
+		{"redis", func(e *testscript.Env) (string, server, error) {
+			// ~15ms: one per script. With a password, so that every script
+			// also checks that it never shows.
+			r, err := testenv.StartRedisWithPassword("s3cret-pw")
+			if err != nil {
+				return "", nil, err
+			}
+			e.Setenv("CLOSED", "redis://:hunter22@127.0.0.1:1/0")
 			return r.URL, r, nil
 		}},
 	}
@@ -334,6 +350,15 @@ func cmdBreaklease(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Check(err)
 		if n != "1" {
 			ts.Fatalf("breaklease: no lease %s to delete", redis.Key(args[0]))
+		}
+	case "mongodb":
+		c, err := mongo.Connect(options.Client().ApplyURI(ts.Getenv("DB")))
+		ts.Check(err)
+		defer c.Disconnect(ctx)
+		res, err := c.Database(mongodb.DefaultDatabase).Collection("locks").DeleteOne(ctx, bson.D{{Key: "_id", Value: args[0]}})
+		ts.Check(err)
+		if res.DeletedCount != 1 {
+			ts.Fatalf("breaklease: no lease %q to delete", args[0])
 		}
 	default:
 		ts.Fatalf("breaklease: not for backend %s", ts.Getenv("BACKEND"))

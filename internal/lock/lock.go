@@ -172,7 +172,7 @@ func Schemes() []string {
 }
 
 // planned are schemes the SPEC names that have no backend in this build.
-var planned = []string{"mongodb", "mongodb+srv", "etcd", "mysql"}
+var planned = []string{"etcd", "mysql"}
 
 // Open returns the Backend for rawURL. It does not connect. Errors wrap
 // ErrUsage (malformed URL, unknown scheme) or ErrNotSupported.
