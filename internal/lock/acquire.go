@@ -103,7 +103,7 @@ func Acquire(ctx context.Context, b Backend, name string, opts Options) (*Held, 
 			return newHeld(name, lease, sent, opts), nil
 		}
 		if ctx.Err() != nil {
-			if errors.Is(err, ErrUnavailable) {
+			if errors.Is(err, ErrUnavailable) || lastErr == nil && errors.Is(err, ErrHeld) {
 				lastErr = err
 			}
 			return nil, gaveUp(ctx, lastErr)

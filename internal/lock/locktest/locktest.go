@@ -164,6 +164,7 @@ func testNamesDiffer(t *testing.T, open func(*testing.T) lock.Backend) {
 		{"percent vs escaped percent", suffix("/a%b"), suffix("/a%25b")},
 		{"dot-dot", suffix("/../x"), suffix("/..%2Fx")},
 		{"unicode vs ascii", suffix("/zü"), suffix("/zu")},
+		{"NUL byte", suffix("/a\x00b"), suffix("/a")},
 		{"unicode vs its escape", suffix("/zü"), suffix("/z%C3%BC")},
 		{"NFC vs NFD", suffix("/\u00e9"), suffix("/e\u0301")},
 		{"trailing space", suffix("/a"), suffix("/a ")},

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -108,7 +109,7 @@ func (b *backend) connect(ctx context.Context, name string) (*pgx.Conn, error) {
 	if _, set := config.RuntimeParams["application_name"]; !set {
 		h := b.opts.Holder
 		// pid and host first: the server cuts the name at 63 bytes.
-		config.RuntimeParams["application_name"] = fmt.Sprintf("withlock %d@%s %s", h.PID, h.Host, name)
+		config.RuntimeParams["application_name"] = printable(fmt.Sprintf("withlock %d@%s %s", h.PID, h.Host, name))
 	}
 	start := time.Now()
 	conn, err := pgx.ConnectConfig(ctx, config)
@@ -118,6 +119,17 @@ func (b *backend) connect(ctx context.Context, name string) (*pgx.Conn, error) {
 	b.opts.Log.Debug("connected", "backend", "postgres", "addr", b.addr, "took", time.Since(start).Round(10*time.Microsecond))
 	b.conn = conn
 	return conn, nil
+}
+
+// printable replaces control characters, which the startup message cannot
+// carry (NUL) or which would garble pg_stat_activity, with '?'.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 func (b *backend) Close() error {
