@@ -2,7 +2,7 @@
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/withlock/withlock/cmd.version=$(VERSION)
 
-.PHONY: build test test-race test-e2e lint deps
+.PHONY: build test test-race test-e2e lint deps bench
 
 # A static binary: no libc, runs in any container image.
 build:
@@ -25,3 +25,10 @@ lint:
 # Installs what the tests need (PostgreSQL, node/npm, util-linux) if missing.
 deps:
 	@bash scripts/test-deps
+
+# Benchmarks, not part of test: Go micro-benchmarks of the hot paths, then
+# whole-process figures side by side with flock, psql and the npm withlock
+# (internal/bench starts its own servers; it installs hyperfine if missing).
+bench: deps
+	go test -run '^$$' -bench . -benchtime 200x -count 5 ./internal/lock/...
+	go run ./internal/bench

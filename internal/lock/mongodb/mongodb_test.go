@@ -172,3 +172,22 @@ func TestUnreachable(t *testing.T) {
 		t.Errorf("closed port: %v; want ErrUnavailable saying connection refused", err)
 	}
 }
+
+// BenchmarkRoundTrip is one acquire and release on an open connection.
+func BenchmarkRoundTrip(b *testing.B) {
+	m := testenv.RequireMongo(b)
+	bk, err := lock.Open(m.URL, lock.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bk.Close()
+	for b.Loop() {
+		l, err := bk.TryAcquire(context.Background(), "bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

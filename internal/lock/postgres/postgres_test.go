@@ -258,3 +258,28 @@ func TestRefusedAtOnce(t *testing.T) {
 		t.Errorf("Acquire took %v to give up on a refusal", d)
 	}
 }
+
+func BenchmarkKeys(b *testing.B) {
+	for b.Loop() {
+		postgres.Keys("dbmigration")
+	}
+}
+
+// BenchmarkRoundTrip is one acquire and release on an open connection.
+func BenchmarkRoundTrip(b *testing.B) {
+	p := testenv.RequirePostgres(b)
+	bk, err := lock.Open(p.URL, lock.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bk.Close()
+	for b.Loop() {
+		l, err := bk.TryAcquire(context.Background(), "bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

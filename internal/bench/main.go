@@ -1,0 +1,402 @@
+// Command bench measures withlock side by side with flock(1), psql and the
+// npm package advisory-lock's withlock, in one run so that the ratios hold
+// on a noisy machine. It starts its own servers as the tests do, and prints
+// one Markdown table per figure. Run it with `make bench`.
+//
+// Tools: hyperfine (whole-process wall time), /usr/bin/time -v (peak RSS);
+// both are installed with apt-get when missing and run as root.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/withlock/withlock/internal/testenv"
+)
+
+const (
+	overheadRuns   = 40
+	handoffTrials  = 20
+	contenders     = 8
+	acquisitions   = 50
+	npmAcquisition = 5 // per contender: the npm withlock costs ~0.3s a run
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type contender struct {
+	name string
+	argv []string // the command, for hyperfine and exec
+}
+
+func run() error {
+	work, err := os.MkdirTemp("", "withlock-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	if err := ensureTools(); err != nil {
+		return err
+	}
+	wl := filepath.Join(work, "withlock")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", wl, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("build: %w", err)
+	}
+
+	pg, err := testenv.StartPostgres()
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+	rd, err := testenv.StartRedis()
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	mg, err := testenv.StartMongo()
+	if err != nil {
+		return err
+	}
+	defer mg.Close()
+	npmDir, err := testenv.NPMDir()
+	if err != nil {
+		return err
+	}
+	npmWithlock := filepath.Join(npmDir, "node_modules", ".bin", "withlock")
+	psql, err := realPsql()
+	if err != nil {
+		return err
+	}
+	dbs := []struct{ name, url string }{
+		{"file", "file://" + filepath.Join(work, "locks")},
+		{"postgres", pg.URL},
+		{"redis", rd.URL},
+		{"mongodb", mg.URL},
+	}
+	flockFile := filepath.Join(work, "flock.lock")
+
+	fmt.Printf("# withlock benchmarks\n\n%s, %d cores, %s; withlock binary %s\n\n", cpuModel(), numCPU(), time.Now().UTC().Format("2006-01-02"), size(wl))
+
+	// Overhead: locking around `true`, uncontended.
+	var over []contender
+	over = append(over, contender{"true", []string{"true"}})
+	over = append(over, contender{"flock FILE true", []string{"flock", flockFile, "true"}})
+	for _, db := range dbs {
+		over = append(over, contender{"withlock " + db.name, []string{wl, "--db", db.url, "bench", "--", "true"}})
+	}
+	over = append(over,
+		contender{"psql floor", []string{psql, pg.URL, "-c", "select pg_advisory_lock(1); select pg_advisory_unlock(1)"}},
+		contender{"npm withlock (postgres)", []string{npmWithlock, "bench", "--db", pg.URL, "--", "true"}},
+	)
+	stats, err := hyperfine(work, over)
+	if err != nil {
+		return err
+	}
+	flockMed, psqlMed := stats["flock FILE true"].median, stats["psql floor"].median
+	fmt.Printf("## Overhead: whole-process wall time of locking around `true` (%d runs after warm-up)\n\n", overheadRuns)
+	fmt.Println("| contender | median | p90 | ÷ flock | ÷ psql floor |")
+	fmt.Println("|---|---:|---:|---:|---:|")
+	for _, c := range over {
+		s := stats[c.name]
+		fmt.Printf("| %s | %s | %s | %.2f× | %.2f× |\n", c.name, ms(s.median), ms(s.p90), s.median/flockMed, s.median/psqlMed)
+	}
+	npm, wpg := stats["npm withlock (postgres)"].median, stats["withlock postgres"].median
+	fmt.Printf("\nnpm withlock ÷ withlock postgres: %.1f×\n\n", npm/wpg)
+
+	// Hand-off: the holder's command exits -> the waiter's command starts.
+	fmt.Printf("## Hand-off: holder's command exits → waiter's command starts (%d trials)\n\n", handoffTrials)
+	fmt.Println("| contender | median | p90 | ÷ flock |")
+	fmt.Println("|---|---:|---:|---:|")
+	lockCmd := func(db string) func(cmd string) []string {
+		if db == "" {
+			return func(cmd string) []string { return []string{"flock", flockFile, "sh", "-c", cmd} }
+		}
+		return func(cmd string) []string { return []string{wl, "--db", db, "handoff", "--", "sh", "-c", cmd} }
+	}
+	hand := map[string]summary{}
+	order := []string{"flock"}
+	if hand["flock"], err = handoff(work, lockCmd("")); err != nil {
+		return err
+	}
+	for _, db := range dbs {
+		name := "withlock " + db.name
+		order = append(order, name)
+		if hand[name], err = handoff(work, lockCmd(db.url)); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	for _, n := range order {
+		fmt.Printf("| %s | %s | %s | %.2f× |\n", n, ms(hand[n].median), ms(hand[n].p90), hand[n].median/hand["flock"].median)
+	}
+
+	// Contention: 8 processes, each acquiring 50 times around a critical
+	// section that notices overlaps.
+	fmt.Printf("\n## Contention: %d processes × %d acquisitions of one lock, 2 ms critical section\n\n", contenders, acquisitions)
+	fmt.Println("| contender | acquisitions/s | overlaps |")
+	fmt.Println("|---|---:|---:|")
+	critical := fmt.Sprintf("mkdir %[1]s/inside 2>/dev/null || echo x >> %[1]s/overlaps; sleep 0.002; rmdir %[1]s/inside", work)
+	type cont struct {
+		name string
+		n    int
+		argv []string
+	}
+	conts := []cont{{"flock", acquisitions, []string{"flock", flockFile, "sh", "-c", critical}}}
+	for _, db := range dbs {
+		conts = append(conts, cont{"withlock " + db.name, acquisitions, []string{wl, "--db", db.url, "contention", "--", "sh", "-c", critical}})
+	}
+	conts = append(conts,
+		cont{"psql lock/command/unlock", acquisitions, []string{psql, "-q", pg.URL, "-c", "select pg_advisory_lock(7)", "-c", `\! ` + critical, "-c", "select pg_advisory_unlock(7)"}},
+		cont{fmt.Sprintf("npm withlock (%d each)", npmAcquisition), npmAcquisition, []string{npmWithlock, "contention", "--db", pg.URL, "--", "sh", "-c", critical}},
+	)
+	for _, c := range conts {
+		rate, overlaps, err := contention(work, c.n, c.argv)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		fmt.Printf("| %s | %.1f | %d |\n", c.name, rate, overlaps)
+	}
+
+	// Memory: peak RSS of withlock while it holds the lock.
+	fmt.Println("\n## Memory: peak RSS of withlock holding a lock for 1s")
+	fmt.Println("\n| backend | peak RSS |")
+	fmt.Println("|---|---:|")
+	for _, db := range dbs {
+		rss, err := peakRSS(wl, db.url)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("| %s | %.1f MB |\n", db.name, float64(rss)/1024)
+	}
+	return nil
+}
+
+type summary struct{ median, p90 float64 } // seconds
+
+func summarize(xs []float64) summary {
+	slices.Sort(xs)
+	at := func(q float64) float64 { return xs[int(math.Ceil(q*float64(len(xs))))-1] }
+	return summary{median: at(0.5), p90: at(0.9)}
+}
+
+func ms(s float64) string { return fmt.Sprintf("%.2f ms", s*1000) }
+
+// hyperfine times every contender in one hyperfine run.
+func hyperfine(work string, cs []contender) (map[string]summary, error) {
+	out := filepath.Join(work, "hyperfine.json")
+	args := []string{"-N", "--warmup", "5", "--runs", strconv.Itoa(overheadRuns), "--export-json", out, "--style", "none"}
+	for _, c := range cs {
+		args = append(args, "-n", c.name, shellJoin(c.argv))
+	}
+	cmd := exec.Command("hyperfine", args...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("hyperfine: %w", err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		return nil, err
+	}
+	var res struct {
+		Results []struct {
+			Command string    `json:"command"`
+			Times   []float64 `json:"times"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(data, &res); err != nil {
+		return nil, err
+	}
+	m := map[string]summary{}
+	for _, r := range res.Results {
+		m[r.Command] = summarize(r.Times)
+	}
+	return m, nil
+}
+
+// handoff runs trials in which a holder's command sleeps while a waiter
+// queues, then exits; the commands write their own timestamps.
+func handoff(work string, lockCmd func(cmd string) []string) (summary, error) {
+	var lat []float64
+	dir := filepath.Join(work, "handoff")
+	for i := 0; i < handoffTrials; i++ {
+		os.RemoveAll(dir)
+		os.MkdirAll(dir, 0o755)
+		f := func(n string) string { return filepath.Join(dir, n) }
+		holder := command(lockCmd(fmt.Sprintf("echo x > %s; sleep 0.3; date +%%s%%N > %s", f("held"), f("end"))))
+		if err := holder.Start(); err != nil {
+			return summary{}, err
+		}
+		for !exists(f("held")) {
+			time.Sleep(2 * time.Millisecond)
+		}
+		waiter := command(lockCmd(fmt.Sprintf("date +%%s%%N > %s", f("start"))))
+		if err := waiter.Start(); err != nil {
+			return summary{}, err
+		}
+		if err := holder.Wait(); err != nil {
+			return summary{}, fmt.Errorf("holder: %w", err)
+		}
+		if err := waiter.Wait(); err != nil {
+			return summary{}, fmt.Errorf("waiter: %w", err)
+		}
+		end, start := readNanos(f("end")), readNanos(f("start"))
+		lat = append(lat, float64(start-end)/1e9)
+	}
+	return summarize(lat), nil
+}
+
+// contention runs contenders processes, each running argv n times in turn,
+// and returns acquisitions per second and the overlaps the critical section
+// noticed.
+func contention(work string, n int, argv []string) (float64, int, error) {
+	os.Remove(filepath.Join(work, "overlaps"))
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	start := time.Now()
+	for p := 0; p < contenders; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < n; i++ {
+				if err := command(argv).Run(); err != nil {
+					failed.Store(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	if err, _ := failed.Load().(error); err != nil {
+		return 0, 0, err
+	}
+	overlaps := 0
+	if data, err := os.ReadFile(filepath.Join(work, "overlaps")); err == nil {
+		overlaps = strings.Count(string(data), "\n")
+	}
+	return float64(contenders*n) / took.Seconds(), overlaps, nil
+}
+
+// peakRSS is the maximum resident set size of withlock holding a lock for
+// a second, as /usr/bin/time -v reports it (the largest process: withlock).
+func peakRSS(wl, db string) (int, error) {
+	out, err := exec.Command("/usr/bin/time", "-v", wl, "--db", db, "memory", "--", "sleep", "1").CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("time -v: %w: %s", err, out)
+	}
+	m := regexp.MustCompile(`Maximum resident set size \(kbytes\): (\d+)`).FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("time -v said no peak RSS: %s", out)
+	}
+	return strconv.Atoi(string(m[1]))
+}
+
+func command(argv []string) *exec.Cmd {
+	c := exec.Command(argv[0], argv[1:]...)
+	c.Stderr = os.Stderr
+	return c
+}
+
+func exists(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Size() > 0
+}
+
+func readNanos(path string) int64 {
+	data, _ := os.ReadFile(path)
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	return n
+}
+
+// shellJoin quotes argv for hyperfine, which splits its commands like a shell.
+func shellJoin(argv []string) string {
+	q := make([]string, len(argv))
+	for i, a := range argv {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
+}
+
+// realPsql finds the psql binary itself: Debian's /usr/bin/psql is a Perl
+// wrapper that would add its own start-up to the floor.
+func realPsql() (string, error) {
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/psql")
+	if len(matches) == 0 {
+		return "", fmt.Errorf("no psql in /usr/lib/postgresql/*/bin; apt-get install postgresql-client")
+	}
+	slices.Sort(matches)
+	return matches[len(matches)-1], nil
+}
+
+// ensureTools installs hyperfine and GNU time when missing (as root).
+func ensureTools() error {
+	var missing []string
+	if _, err := exec.LookPath("hyperfine"); err != nil {
+		missing = append(missing, "hyperfine")
+	}
+	if _, err := os.Stat("/usr/bin/time"); err != nil {
+		missing = append(missing, "time")
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("missing %s: run apt-get install %s as root", strings.Join(missing, ", "), strings.Join(missing, " "))
+	}
+	fmt.Fprintln(os.Stderr, "bench: installing", strings.Join(missing, " "))
+	for _, args := range [][]string{{"update", "-qq"}, append([]string{"install", "-y", "-qq"}, missing...)} {
+		c := exec.Command("apt-get", args...)
+		c.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		if out, err := c.CombinedOutput(); err != nil {
+			return fmt.Errorf("apt-get %s: %w: %s", args[0], err, out)
+		}
+	}
+	return nil
+}
+
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return "unknown CPU"
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if k, v, ok := strings.Cut(s.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}
+
+func numCPU() int {
+	data, _ := os.ReadFile("/proc/cpuinfo")
+	return strings.Count(string(data), "processor\t:")
+}
+
+func size(path string) string {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "?"
+	}
+	return fmt.Sprintf("%.1f MB", float64(fi.Size())/1e6)
+}
