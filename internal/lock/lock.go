@@ -8,6 +8,8 @@ package lock
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -251,3 +253,22 @@ type kindError struct{ kind, err error }
 
 func (e *kindError) Error() string   { return e.err.Error() }
 func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
+
+// HeldFor returns an error matching ErrHeld that also says how long the
+// holder's lease has left (its Remaining method), so that Acquire can retry
+// when the lease runs out. For lease backends' TryAcquire.
+func HeldFor(remaining time.Duration) error { return heldError{remaining} }
+
+type heldError struct{ remaining time.Duration }
+
+func (e heldError) Error() string            { return ErrHeld.Error() }
+func (e heldError) Unwrap() error            { return ErrHeld }
+func (e heldError) Remaining() time.Duration { return e.remaining }
+
+// NewToken returns 128 random bits in hex: a lease holder's proof that the
+// lease is its own.
+func NewToken() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,11 +1,11 @@
 package file_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/file"
+	"github.com/withlock/withlock/internal/lock/locktest"
 )
 
 func BenchmarkFileName(b *testing.B) {
@@ -14,20 +14,12 @@ func BenchmarkFileName(b *testing.B) {
 	}
 }
 
-// BenchmarkRoundTrip is one acquire and release of a lock file.
+// BenchmarkRoundTrip is one acquire and release on an open connection.
 func BenchmarkRoundTrip(b *testing.B) {
 	bk, err := lock.Open("file://"+b.TempDir(), lock.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer bk.Close()
-	for b.Loop() {
-		l, err := bk.TryAcquire(context.Background(), "bench")
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Release(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-	}
+	locktest.BenchRoundTrip(b, bk)
 }

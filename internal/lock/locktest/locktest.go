@@ -373,3 +373,18 @@ func testAcquireTimeout(t *testing.T, open func(*testing.T) lock.Backend) {
 	mustRelease(t, la)
 	mustRelease(t, mustTrySoon(t, c, name))
 }
+
+// BenchRoundTrip measures one TryAcquire and Release through an open
+// Backend, the hot path of every backend.
+func BenchRoundTrip(b *testing.B, bk lock.Backend) {
+	ctx := context.Background()
+	for b.Loop() {
+		l, err := bk.TryAcquire(ctx, "locktest-bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

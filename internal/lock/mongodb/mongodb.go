@@ -21,8 +21,6 @@ package mongodb
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -136,13 +134,6 @@ func (b *backend) serverTime(ctx context.Context) (time.Time, error) {
 	return hello.LocalTime, nil
 }
 
-// heldError is ErrHeld with the time until the holder's lease runs out.
-type heldError struct{ remaining time.Duration }
-
-func (e heldError) Error() string            { return lock.ErrHeld.Error() }
-func (e heldError) Unwrap() error            { return lock.ErrHeld }
-func (e heldError) Remaining() time.Duration { return e.remaining }
-
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
 	if err := b.connect(); err != nil {
 		return nil, err
@@ -155,7 +146,7 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 		}
 		h := b.opts.Holder
 		doc := leaseDoc{
-			Name: name, Token: newToken(),
+			Name: name, Token: lock.NewToken(),
 			Holder:     holderDoc{Host: h.Host, PID: h.PID, Command: h.Command},
 			AcquiredAt: now, ExpiresAt: now.Add(b.opts.TTL),
 		}
@@ -174,7 +165,7 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 		case err != nil:
 			return nil, b.classify(err)
 		case cur.ExpiresAt.After(now):
-			return nil, heldError{remaining: cur.ExpiresAt.Sub(now)}
+			return nil, lock.HeldFor(cur.ExpiresAt.Sub(now))
 		}
 		// Expired: clear exactly that lease (same token, still expired),
 		// then try again; whoever inserts first wins.
@@ -248,13 +239,6 @@ func reason(msg string) string {
 		return "timed out"
 	}
 	return msg
-}
-
-// newToken returns 128 random bits in hex: the proof that a lease is ours.
-func newToken() string {
-	var b [16]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 type lease struct {

@@ -13,8 +13,6 @@ package redis
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -95,15 +93,8 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 
 func (b *backend) Close() error { return b.client.Close() }
 
-// heldError is ErrHeld with the time until the holder's lease runs out.
-type heldError struct{ remaining time.Duration }
-
-func (e heldError) Error() string            { return lock.ErrHeld.Error() }
-func (e heldError) Unwrap() error            { return lock.ErrHeld }
-func (e heldError) Remaining() time.Duration { return e.remaining }
-
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
-	token := newToken()
+	token := lock.NewToken()
 	ttl := b.opts.TTL.Milliseconds()
 	n, err := acquireScript.Run(ctx, b.client, []string{Key(name), FenceKey(name)}, token, ttl).Int64()
 	if err != nil {
@@ -111,7 +102,7 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	}
 	if n <= 0 {
 		// -PTTL: -1 would be a key without expiry, which no withlock writes.
-		return nil, heldError{remaining: time.Duration(-n) * time.Millisecond}
+		return nil, lock.HeldFor(time.Duration(-n) * time.Millisecond)
 	}
 	return &lease{b: b, name: name, token: token, fence: n}, nil
 }
@@ -173,13 +164,6 @@ func reason(err error) string {
 		return "timed out"
 	}
 	return err.Error()
-}
-
-// newToken returns 128 random bits in hex: the proof that a lease is ours.
-func newToken() string {
-	var b [16]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 type lease struct {

@@ -133,13 +133,5 @@ func BenchmarkRoundTrip(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer bk.Close()
-	for b.Loop() {
-		l, err := bk.TryAcquire(context.Background(), "bench")
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Release(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-	}
+	locktest.BenchRoundTrip(b, bk)
 }
