@@ -388,3 +388,66 @@ func BenchRoundTrip(b *testing.B, bk lock.Backend) {
 		}
 	}
 }
+
+// RunLease runs what every lease backend must do besides Run: fencing
+// tokens that grow, a lease deleted behind its holder's back, and expiry by
+// the server's clock. open returns a new client whose leases last ttl;
+// breakLease deletes name's lease directly on the server.
+func RunLease(t *testing.T, open func(t *testing.T, ttl time.Duration) lock.Backend, breakLease func(t *testing.T, name string)) {
+	t.Run("FenceGrows", func(t *testing.T) {
+		b, name := open(t, 10*time.Second), Name(t)
+		var last int64
+		for i := 0; i < 3; i++ {
+			l := mustTry(t, b, name)
+			f, ok := l.(lock.Fenced)
+			if !ok {
+				t.Fatal("a lease backend's Lease must be lock.Fenced")
+			}
+			if f.Token() <= last {
+				t.Fatalf("acquisition %d got fencing token %d after %d", i, f.Token(), last)
+			}
+			last = f.Token()
+			mustRelease(t, l)
+		}
+	})
+	t.Run("Broken", func(t *testing.T) {
+		a, b, name := open(t, 10*time.Second), open(t, 10*time.Second), Name(t)
+		la := mustTry(t, a, name)
+		breakLease(t, name)
+		if err := la.Keep(testCtx(t)); !errors.Is(err, lock.ErrLost) {
+			t.Fatalf("Keep of a deleted lease: %v; want ErrLost", err)
+		}
+		lb := mustTry(t, b, name)
+		if err := la.Release(testCtx(t)); err == nil {
+			t.Error("the old holder's Release succeeded on the newcomer's lease")
+		}
+		if err := lb.Keep(testCtx(t)); err != nil {
+			t.Errorf("the newcomer lost its lease to the old holder's Release: %v", err)
+		}
+	})
+	t.Run("Expires", func(t *testing.T) {
+		const ttl = 500 * time.Millisecond
+		a, b, name := open(t, ttl), open(t, 10*time.Second), Name(t)
+		la := mustTry(t, a, name)
+		_, err := b.TryAcquire(testCtx(t), name)
+		var remaining interface{ Remaining() time.Duration }
+		if !errors.Is(err, lock.ErrHeld) || !errors.As(err, &remaining) {
+			t.Fatalf("TryAcquire of a live lease: %v; want ErrHeld with Remaining", err)
+		}
+		if d := remaining.Remaining(); d <= 0 || d > ttl {
+			t.Errorf("Remaining() = %v; want in (0, %v]", d, ttl)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if _, err := b.TryAcquire(testCtx(t), name); err == nil {
+				break
+			} else if time.Now().After(deadline) {
+				t.Fatalf("the lease never expired: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err := la.Keep(testCtx(t)); !errors.Is(err, lock.ErrLost) {
+			t.Errorf("Keep of an expired, taken lease: %v; want ErrLost", err)
+		}
+	})
+}

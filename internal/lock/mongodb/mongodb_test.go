@@ -49,6 +49,14 @@ func locks(t *testing.T, url string) *mongo.Collection {
 func TestConformance(t *testing.T) {
 	m := testenv.RequireMongo(t)
 	locktest.Run(t, func(t *testing.T) lock.Backend { return open(t, m.URL, lock.Options{TTL: 2 * time.Second}) }, locktest.Options{})
+	locktest.RunLease(t,
+		func(t *testing.T, ttl time.Duration) lock.Backend { return open(t, m.URL, lock.Options{TTL: ttl}) },
+		func(t *testing.T, name string) {
+			res, err := locks(t, m.URL).DeleteOne(ctx(t), bson.D{{Key: "_id", Value: name}})
+			if err != nil || res.DeletedCount != 1 {
+				t.Fatalf("deleting the lease document %q: %v", name, err)
+			}
+		})
 }
 
 // The lease document has the documented shape, with times from the
@@ -81,87 +89,6 @@ func TestDocument(t *testing.T) {
 	}
 	if n, _ := locks(t, m.URL).CountDocuments(ctx(t), bson.D{{Key: "_id", Value: "doc"}}); n != 0 {
 		t.Errorf("the lease document is still there after Release")
-	}
-}
-
-// The fencing token grows with every acquisition of a name, across
-// releases (which delete the lease document).
-func TestFenceGrows(t *testing.T) {
-	m := testenv.RequireMongo(t)
-	b := open(t, m.URL, lock.Options{})
-	var last int64
-	for i := 0; i < 3; i++ {
-		l, err := b.TryAcquire(ctx(t), "fence")
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := l.(lock.Fenced).Token()
-		if got <= last {
-			t.Fatalf("acquisition %d got fencing token %d after %d", i, got, last)
-		}
-		last = got
-		if err := l.Release(ctx(t)); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// A lease whose document someone deleted is lost at the next Keep, and the
-// old holder's Release leaves a newcomer's lease alone.
-func TestDocumentDeleted(t *testing.T) {
-	m := testenv.RequireMongo(t)
-	a, b := open(t, m.URL, lock.Options{}), open(t, m.URL, lock.Options{})
-	la, err := a.TryAcquire(ctx(t), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := locks(t, m.URL).DeleteOne(ctx(t), bson.D{{Key: "_id", Value: "job"}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := la.Keep(ctx(t)); !errors.Is(err, lock.ErrLost) {
-		t.Fatalf("Keep after the document was deleted: %v; want ErrLost", err)
-	}
-	lb, err := b.TryAcquire(ctx(t), "job")
-	if err != nil {
-		t.Fatalf("TryAcquire after the delete: %v", err)
-	}
-	if err := la.Release(ctx(t)); err == nil {
-		t.Error("the old holder's Release succeeded on the newcomer's lease")
-	}
-	if err := lb.Keep(ctx(t)); err != nil {
-		t.Errorf("the newcomer lost its lease to the old holder's Release: %v", err)
-	}
-}
-
-// An expired lease is cleared by the next contender, and its holder's
-// Keep then reports the loss; ErrHeld says how long a live lease has left.
-func TestLeaseExpires(t *testing.T) {
-	m := testenv.RequireMongo(t)
-	a := open(t, m.URL, lock.Options{TTL: 500 * time.Millisecond})
-	b := open(t, m.URL, lock.Options{})
-	la, err := a.TryAcquire(ctx(t), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = b.TryAcquire(ctx(t), "job")
-	var remaining interface{ Remaining() time.Duration }
-	if !errors.Is(err, lock.ErrHeld) || !errors.As(err, &remaining) {
-		t.Fatalf("TryAcquire of a held lease: %v; want ErrHeld with Remaining", err)
-	}
-	if d := remaining.Remaining(); d <= 0 || d > 500*time.Millisecond {
-		t.Errorf("Remaining() = %v; want in (0, 500ms]", d)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := b.TryAcquire(ctx(t), "job"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the lease never expired: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err := la.Keep(ctx(t)); !errors.Is(err, lock.ErrLost) {
-		t.Errorf("Keep of the expired, taken lease: %v; want ErrLost", err)
 	}
 }
 

@@ -34,82 +34,13 @@ func open(t *testing.T, url string, opts lock.Options) lock.Backend {
 func TestConformance(t *testing.T) {
 	r := testenv.RequireRedis(t)
 	locktest.Run(t, func(t *testing.T) lock.Backend { return open(t, r.URL, lock.Options{TTL: 2 * time.Second}) }, locktest.Options{})
-}
-
-// The fencing token grows with every acquisition of a name.
-func TestFenceGrows(t *testing.T) {
-	r := testenv.RequireRedis(t)
-	b := open(t, r.URL, lock.Options{})
-	var last int64
-	for i := 0; i < 3; i++ {
-		l, err := b.TryAcquire(ctx(t), "fence")
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := l.(lock.Fenced).Token()
-		if got <= last {
-			t.Fatalf("acquisition %d got fencing token %d after %d", i, got, last)
-		}
-		last = got
-		if err := l.Release(ctx(t)); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// A lease whose key someone deleted is lost at the next Keep, and a
-// newcomer's lease is not touched by the old holder's Release.
-func TestKeyDeleted(t *testing.T) {
-	r := testenv.RequireRedis(t)
-	a, b := open(t, r.URL, lock.Options{}), open(t, r.URL, lock.Options{})
-	la, err := a.TryAcquire(ctx(t), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := testenv.RedisDo(ctx(t), r.URL, "DEL", redis.Key("job")); err != nil {
-		t.Fatal(err)
-	}
-	if err := la.Keep(ctx(t)); !errors.Is(err, lock.ErrLost) {
-		t.Fatalf("Keep after DEL: %v; want ErrLost", err)
-	}
-	lb, err := b.TryAcquire(ctx(t), "job")
-	if err != nil {
-		t.Fatalf("TryAcquire after DEL: %v", err)
-	}
-	if err := la.Release(ctx(t)); err == nil {
-		t.Error("the old holder's Release succeeded on the newcomer's lease")
-	}
-	if err := lb.Keep(ctx(t)); err != nil {
-		t.Errorf("the newcomer lost its lease to the old holder's Release: %v", err)
-	}
-}
-
-// The server's clock decides: a lease not renewed expires after its TTL,
-// and the holder's ErrHeld says how long is left.
-func TestLeaseExpires(t *testing.T) {
-	r := testenv.RequireRedis(t)
-	a := open(t, r.URL, lock.Options{TTL: 500 * time.Millisecond})
-	b := open(t, r.URL, lock.Options{})
-	if _, err := a.TryAcquire(ctx(t), "job"); err != nil {
-		t.Fatal(err)
-	}
-	_, err := b.TryAcquire(ctx(t), "job")
-	var remaining interface{ Remaining() time.Duration }
-	if !errors.Is(err, lock.ErrHeld) || !errors.As(err, &remaining) {
-		t.Fatalf("TryAcquire of a held lease: %v; want ErrHeld with Remaining", err)
-	}
-	if d := remaining.Remaining(); d <= 0 || d > 500*time.Millisecond {
-		t.Errorf("Remaining() = %v; want in (0, 500ms]", d)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := b.TryAcquire(ctx(t), "job"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the lease never expired: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	locktest.RunLease(t,
+		func(t *testing.T, ttl time.Duration) lock.Backend { return open(t, r.URL, lock.Options{TTL: ttl}) },
+		func(t *testing.T, name string) {
+			if n, err := testenv.RedisDo(ctx(t), r.URL, "DEL", redis.Key(name)); err != nil || n != "1" {
+				t.Fatalf("DEL %s: %q, %v", redis.Key(name), n, err)
+			}
+		})
 }
 
 func TestErrors(t *testing.T) {
