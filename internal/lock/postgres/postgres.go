@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unicode"
 
@@ -208,24 +207,7 @@ func (b *backend) classify(err error) error {
 	if strings.Contains(msg, "tls") || strings.Contains(msg, "x509") || strings.Contains(msg, "SSL") {
 		return lock.Errorf(lock.ErrRefused, "postgres at %s: %v", b.addr, err)
 	}
-	return lock.Errorf(lock.ErrUnavailable, "cannot reach postgres at %s (%s)", b.addr, reason(err))
-}
-
-// reason is the innermost useful part of a network error: "connection
-// refused", not the whole dial chain.
-func reason(err error) string {
-	var errno syscall.Errno
-	if errors.As(err, &errno) {
-		return errno.Error()
-	}
-	var dnsErr *net.DNSError
-	if errors.As(err, &dnsErr) {
-		return dnsErr.Error()
-	}
-	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
-		return "timed out"
-	}
-	return err.Error()
+	return lock.Errorf(lock.ErrUnavailable, "cannot reach postgres at %s (%s)", b.addr, lock.Reason(err))
 }
 
 type lease struct {
@@ -279,7 +261,7 @@ func (l *lease) sessionEnded(err error) error {
 	if errors.As(err, &pgErr) {
 		return lock.Errorf(lock.ErrLost, "postgres ended the session: %s", pgErr.Message)
 	}
-	return lock.Errorf(lock.ErrLost, "the connection to postgres at %s broke (%s)", l.b.addr, reason(err))
+	return lock.Errorf(lock.ErrLost, "the connection to postgres at %s broke (%s)", l.b.addr, lock.Reason(err))
 }
 
 func (l *lease) Release(ctx context.Context) error {

@@ -15,10 +15,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
-	"syscall"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -147,23 +145,7 @@ func (b *backend) classify(err error) error {
 	case strings.Contains(msg, "tls:"), strings.Contains(msg, "x509"):
 		return lock.Errorf(lock.ErrRefused, "redis at %s: %s", b.addr, msg)
 	}
-	return lock.Errorf(lock.ErrUnavailable, "cannot reach redis at %s (%s)", b.addr, reason(err))
-}
-
-func reason(err error) string {
-	var errno syscall.Errno
-	if errors.As(err, &errno) {
-		return errno.Error()
-	}
-	var dnsErr *net.DNSError
-	if errors.As(err, &dnsErr) {
-		return dnsErr.Error()
-	}
-	var netErr net.Error
-	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout() {
-		return "timed out"
-	}
-	return err.Error()
+	return lock.Errorf(lock.ErrUnavailable, "cannot reach redis at %s (%s)", b.addr, lock.Reason(err))
 }
 
 type lease struct {
