@@ -1,7 +1,6 @@
 package file_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"os"
@@ -16,31 +15,10 @@ import (
 	"github.com/withlock/withlock/internal/lock/locktest"
 )
 
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
-
-// openDir returns a Backend for file://dir, closed when t ends.
-func openDir(t *testing.T, dir string, opts lock.Options) lock.Backend {
-	t.Helper()
-	b, err := lock.Open("file://"+dir, opts)
-	if err != nil {
-		t.Fatalf("Open(file://%s): %v", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := b.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
-	return b
-}
-
 func TestConformance(t *testing.T) {
 	dir := t.TempDir()
 	locktest.Run(t, func(t *testing.T) lock.Backend {
-		return openDir(t, dir, lock.Options{})
+		return locktest.Open(t, "file://"+dir, lock.Options{})
 	}, locktest.Options{Session: true})
 }
 
@@ -110,13 +88,13 @@ func TestOpenURL(t *testing.T) {
 func TestLockFilePath(t *testing.T) {
 	root := t.TempDir()
 	dir := filepath.Join(root, "a", "b")
-	b := openDir(t, dir, lock.Options{})
+	b := locktest.Open(t, "file://"+dir, lock.Options{})
 	name := "../../escape"
-	l, err := b.TryAcquire(ctx(t), name)
+	l, err := b.TryAcquire(locktest.Context(t), name)
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	defer l.Release(ctx(t))
+	defer l.Release(locktest.Context(t))
 	if _, err := os.Stat(filepath.Join(dir, file.FileName(name))); err != nil {
 		t.Errorf("lock file: %v", err)
 	}
@@ -136,8 +114,8 @@ func TestNotADirectory(t *testing.T) {
 	if err := os.WriteFile(f, nil, 0o666); err != nil {
 		t.Fatal(err)
 	}
-	b := openDir(t, filepath.Join(f, "dir"), lock.Options{})
-	_, err := b.TryAcquire(ctx(t), "x")
+	b := locktest.Open(t, "file://"+filepath.Join(f, "dir"), lock.Options{})
+	_, err := b.TryAcquire(locktest.Context(t), "x")
 	if !errors.Is(err, lock.ErrRefused) {
 		t.Errorf("TryAcquire under a plain file: %v; want an error matching lock.ErrRefused", err)
 	}
@@ -147,12 +125,12 @@ func TestRemovedFileIsLost(t *testing.T) {
 	for _, replace := range []bool{false, true} {
 		t.Run(map[bool]string{false: "removed", true: "replaced"}[replace], func(t *testing.T) {
 			dir := t.TempDir()
-			a, b := openDir(t, dir, lock.Options{}), openDir(t, dir, lock.Options{})
-			l, err := a.TryAcquire(ctx(t), "job")
+			a, b := locktest.Open(t, "file://"+dir, lock.Options{}), locktest.Open(t, "file://"+dir, lock.Options{})
+			l, err := a.TryAcquire(locktest.Context(t), "job")
 			if err != nil {
 				t.Fatalf("TryAcquire: %v", err)
 			}
-			defer l.Release(ctx(t))
+			defer l.Release(locktest.Context(t))
 			path := filepath.Join(dir, file.FileName("job"))
 			if err := os.Remove(path); err != nil {
 				t.Fatal(err)
@@ -162,15 +140,15 @@ func TestRemovedFileIsLost(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := l.Keep(ctx(t)); !errors.Is(err, lock.ErrLost) {
+			if err := l.Keep(locktest.Context(t)); !errors.Is(err, lock.ErrLost) {
 				t.Errorf("Keep after the lock file was %s: %v; want an error matching lock.ErrLost", t.Name(), err)
 			}
 			// This is why: a newcomer locks the new file.
-			lb, err := b.TryAcquire(ctx(t), "job")
+			lb, err := b.TryAcquire(locktest.Context(t), "job")
 			if err != nil {
 				t.Fatalf("TryAcquire by a newcomer: %v", err)
 			}
-			lb.Release(ctx(t))
+			lb.Release(locktest.Context(t))
 		})
 	}
 }
@@ -178,12 +156,12 @@ func TestRemovedFileIsLost(t *testing.T) {
 // TestRemovedFileLosesHeld: the keeper loop notices the removal by itself.
 func TestRemovedFileLosesHeld(t *testing.T) {
 	dir := t.TempDir()
-	b := openDir(t, dir, lock.Options{})
-	h, err := lock.Acquire(ctx(t), b, "job", lock.Options{TTL: 300 * time.Millisecond, Grace: 100 * time.Millisecond})
+	b := locktest.Open(t, "file://"+dir, lock.Options{})
+	h, err := lock.Acquire(locktest.Context(t), b, "job", lock.Options{TTL: 300 * time.Millisecond, Grace: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	defer h.Release(ctx(t))
+	defer h.Release(locktest.Context(t))
 	if err := os.Remove(filepath.Join(dir, file.FileName("job"))); err != nil {
 		t.Fatal(err)
 	}
@@ -204,19 +182,19 @@ func TestFlockInterop(t *testing.T) {
 		t.Skip("flock(1) (util-linux) not installed")
 	}
 	dir := t.TempDir()
-	b := openDir(t, dir, lock.Options{})
+	b := locktest.Open(t, "file://"+dir, lock.Options{})
 	name := "nightly/zü"
 	path := filepath.Join(dir, file.FileName(name))
 	flockN := func() error { return exec.Command("flock", "-n", path, "true").Run() }
 
-	l, err := b.TryAcquire(ctx(t), name)
+	l, err := b.TryAcquire(locktest.Context(t), name)
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
 	if err := flockN(); err == nil {
 		t.Error("flock -n succeeded while withlock held the lock")
 	}
-	if err := l.Release(ctx(t)); err != nil {
+	if err := l.Release(locktest.Context(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	if err := flockN(); err != nil {
@@ -236,9 +214,9 @@ func TestFlockInterop(t *testing.T) {
 	if _, err := io.ReadFull(stdout, line); err != nil {
 		t.Fatalf("flock(1) did not say it holds the lock: %v", err)
 	}
-	if l, err := b.TryAcquire(ctx(t), name); !errors.Is(err, lock.ErrHeld) {
+	if l, err := b.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
 		if err == nil {
-			l.Release(ctx(t))
+			l.Release(locktest.Context(t))
 		}
 		t.Errorf("TryAcquire while flock(1) held the lock: %v; want an error matching lock.ErrHeld", err)
 	}
@@ -246,9 +224,9 @@ func TestFlockInterop(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("flock(1): %v", err)
 	}
-	l, err = b.TryAcquire(ctx(t), name)
+	l, err = b.TryAcquire(locktest.Context(t), name)
 	if err != nil {
 		t.Fatalf("TryAcquire after flock(1) exited: %v", err)
 	}
-	l.Release(ctx(t))
+	l.Release(locktest.Context(t))
 }

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -63,16 +64,37 @@ func Name(t testing.TB) string {
 	return "locktest/" + n + "/" + hex.EncodeToString(b)
 }
 
-func testCtx(t *testing.T) context.Context {
+// Context is a context for one test step: ended with t, and bounded so
+// that a hung server fails the test instead of hanging it.
+func Context(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), long)
 	t.Cleanup(cancel)
 	return ctx
 }
 
+// Open opens a Backend for url, closed (and its Close checked) when t ends.
+// A zero opts.Holder becomes this test process.
+func Open(t *testing.T, url string, opts lock.Options) lock.Backend {
+	t.Helper()
+	if opts.Holder.PID == 0 {
+		opts.Holder = lock.Holder{Host: "test", PID: os.Getpid(), Command: []string{"true"}}
+	}
+	b, err := lock.Open(url, opts)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", lock.Redact(url), err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return b
+}
+
 // mustTry takes name through b, failing t if it cannot.
 func mustTry(t *testing.T, b lock.Backend, name string) lock.Lease {
 	t.Helper()
-	l, err := b.TryAcquire(testCtx(t), name)
+	l, err := b.TryAcquire(Context(t), name)
 	if err != nil {
 		t.Fatalf("TryAcquire(%q): %v", name, err)
 	}
@@ -88,7 +110,7 @@ func mustTrySoon(t *testing.T, b lock.Backend, name string) lock.Lease {
 	t.Helper()
 	deadline := time.Now().Add(time.Second)
 	for {
-		l, err := b.TryAcquire(testCtx(t), name)
+		l, err := b.TryAcquire(Context(t), name)
 		if err == nil {
 			return l
 		}
@@ -102,9 +124,9 @@ func mustTrySoon(t *testing.T, b lock.Backend, name string) lock.Lease {
 // mustBeHeld checks that b cannot take name because someone else holds it.
 func mustBeHeld(t *testing.T, b lock.Backend, name string) {
 	t.Helper()
-	l, err := b.TryAcquire(testCtx(t), name)
+	l, err := b.TryAcquire(Context(t), name)
 	if err == nil {
-		l.Release(testCtx(t))
+		l.Release(Context(t))
 		t.Fatalf("TryAcquire(%q) by a second client succeeded while the lock was held", name)
 	}
 	if !errors.Is(err, lock.ErrHeld) {
@@ -114,7 +136,7 @@ func mustBeHeld(t *testing.T, b lock.Backend, name string) {
 
 func mustRelease(t *testing.T, l lock.Lease) {
 	t.Helper()
-	if err := l.Release(testCtx(t)); err != nil {
+	if err := l.Release(Context(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 }
@@ -123,11 +145,11 @@ func testTryAcquireFree(t *testing.T, open func(*testing.T) lock.Backend) {
 	a := open(t)
 	name := Name(t)
 	l := mustTry(t, a, name)
-	if err := l.Keep(testCtx(t)); err != nil {
+	if err := l.Keep(Context(t)); err != nil {
 		t.Errorf("Keep of a fresh lease: %v", err)
 	}
 	if w, ok := l.(lock.Watcher); ok {
-		ctx, cancel := context.WithTimeout(testCtx(t), 100*time.Millisecond)
+		ctx, cancel := context.WithTimeout(Context(t), 100*time.Millisecond)
 		err := w.Watch(ctx)
 		cancel()
 		if err != nil {
@@ -211,13 +233,13 @@ func testCloseFrees(t *testing.T, open func(*testing.T) lock.Backend) {
 	}
 	// The server may take a moment to notice the session's end, so b waits
 	// (Acquire) rather than trying once.
-	ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
+	ctx, cancel := context.WithTimeout(Context(t), 10*time.Second)
 	defer cancel()
 	h, err := lock.Acquire(ctx, b, name, lock.Options{})
 	if err != nil {
 		t.Fatalf("after the holder's Backend was closed, another client could not take the lock within 10s: %v", err)
 	}
-	if err := h.Release(testCtx(t)); err != nil {
+	if err := h.Release(Context(t)); err != nil {
 		t.Errorf("Release: %v", err)
 	}
 }
@@ -250,7 +272,7 @@ func mustBlock(t *testing.T, c <-chan result, what string) {
 	select {
 	case r := <-c:
 		if r.err == nil {
-			r.lease.Release(testCtx(t))
+			r.lease.Release(Context(t))
 		}
 		t.Fatalf("%s returned while the lock was held: %v", what, r.err)
 	case <-time.After(300 * time.Millisecond):
@@ -265,7 +287,7 @@ func testWaiterGetsFreedLock(t *testing.T, open func(*testing.T) lock.Backend) {
 	}
 	name := Name(t)
 	la := mustTry(t, a, name)
-	got := waitInBackground(t, testCtx(t), w, name)
+	got := waitInBackground(t, Context(t), w, name)
 	mustBlock(t, got, "Acquire")
 	mustRelease(t, la)
 	released := time.Now()
@@ -280,7 +302,7 @@ func testWaiterGetsFreedLock(t *testing.T, open func(*testing.T) lock.Backend) {
 	}
 	t.Logf("hand-off took %v", time.Since(released))
 	mustBeHeld(t, c, name)
-	if err := r.lease.Keep(testCtx(t)); err != nil {
+	if err := r.lease.Keep(Context(t)); err != nil {
 		t.Errorf("Keep of the waited-for lease: %v", err)
 	}
 	mustRelease(t, r.lease)
@@ -295,7 +317,7 @@ func testWaiterCancelled(t *testing.T, open func(*testing.T) lock.Backend) {
 	}
 	name := Name(t)
 	la := mustTry(t, a, name)
-	ctx, cancel := context.WithCancelCause(testCtx(t))
+	ctx, cancel := context.WithCancelCause(Context(t))
 	defer cancel(nil)
 	got := waitInBackground(t, ctx, w, name)
 	mustBlock(t, got, "Acquire")
@@ -304,7 +326,7 @@ func testWaiterCancelled(t *testing.T, open func(*testing.T) lock.Backend) {
 	select {
 	case r := <-got:
 		if r.err == nil {
-			r.lease.Release(testCtx(t))
+			r.lease.Release(Context(t))
 			t.Fatal("Acquire with a cancelled context returned a lease while the lock was held")
 		}
 		t.Logf("Acquire returned after %v: %v", time.Since(cancelled), r.err)
@@ -325,7 +347,7 @@ func testWaiterCancelled(t *testing.T, open func(*testing.T) lock.Backend) {
 func testAcquireHolds(t *testing.T, open func(*testing.T) lock.Backend) {
 	a, b := open(t), open(t)
 	name := Name(t)
-	h, err := lock.Acquire(testCtx(t), a, name, lock.Options{})
+	h, err := lock.Acquire(Context(t), a, name, lock.Options{})
 	if err != nil {
 		t.Fatalf("lock.Acquire of a free lock: %v", err)
 	}
@@ -335,7 +357,7 @@ func testAcquireHolds(t *testing.T, open func(*testing.T) lock.Backend) {
 	default:
 	}
 	mustBeHeld(t, b, name)
-	if err := h.Release(testCtx(t)); err != nil {
+	if err := h.Release(Context(t)); err != nil {
 		t.Fatalf("Held.Release: %v", err)
 	}
 	mustRelease(t, mustTry(t, b, name))
@@ -345,9 +367,9 @@ func testAcquireNoWait(t *testing.T, open func(*testing.T) lock.Backend) {
 	a, b := open(t), open(t)
 	name := Name(t)
 	la := mustTry(t, a, name)
-	h, err := lock.Acquire(testCtx(t), b, name, lock.Options{NoWait: true})
+	h, err := lock.Acquire(Context(t), b, name, lock.Options{NoWait: true})
 	if err == nil {
-		h.Release(testCtx(t))
+		h.Release(Context(t))
 		t.Fatal("lock.Acquire with NoWait took a held lock")
 	}
 	if !errors.Is(err, lock.ErrHeld) {
@@ -360,11 +382,11 @@ func testAcquireTimeout(t *testing.T, open func(*testing.T) lock.Backend) {
 	a, b, c := open(t), open(t), open(t)
 	name := Name(t)
 	la := mustTry(t, a, name)
-	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(Context(t), 300*time.Millisecond)
 	defer cancel()
 	h, err := lock.Acquire(ctx, b, name, lock.Options{})
 	if err == nil {
-		h.Release(testCtx(t))
+		h.Release(Context(t))
 		t.Fatal("lock.Acquire took a held lock")
 	}
 	if !errors.Is(err, context.DeadlineExceeded) {
@@ -414,14 +436,14 @@ func RunLease(t *testing.T, open func(t *testing.T, ttl time.Duration) lock.Back
 		a, b, name := open(t, 10*time.Second), open(t, 10*time.Second), Name(t)
 		la := mustTry(t, a, name)
 		breakLease(t, name)
-		if err := la.Keep(testCtx(t)); !errors.Is(err, lock.ErrLost) {
+		if err := la.Keep(Context(t)); !errors.Is(err, lock.ErrLost) {
 			t.Fatalf("Keep of a deleted lease: %v; want ErrLost", err)
 		}
 		lb := mustTry(t, b, name)
-		if err := la.Release(testCtx(t)); err == nil {
+		if err := la.Release(Context(t)); err == nil {
 			t.Error("the old holder's Release succeeded on the newcomer's lease")
 		}
-		if err := lb.Keep(testCtx(t)); err != nil {
+		if err := lb.Keep(Context(t)); err != nil {
 			t.Errorf("the newcomer lost its lease to the old holder's Release: %v", err)
 		}
 	})
@@ -429,7 +451,7 @@ func RunLease(t *testing.T, open func(t *testing.T, ttl time.Duration) lock.Back
 		const ttl = 500 * time.Millisecond
 		a, b, name := open(t, ttl), open(t, 10*time.Second), Name(t)
 		la := mustTry(t, a, name)
-		_, err := b.TryAcquire(testCtx(t), name)
+		_, err := b.TryAcquire(Context(t), name)
 		var remaining interface{ Remaining() time.Duration }
 		if !errors.Is(err, lock.ErrHeld) || !errors.As(err, &remaining) {
 			t.Fatalf("TryAcquire of a live lease: %v; want ErrHeld with Remaining", err)
@@ -439,14 +461,14 @@ func RunLease(t *testing.T, open func(t *testing.T, ttl time.Duration) lock.Back
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			if _, err := b.TryAcquire(testCtx(t), name); err == nil {
+			if _, err := b.TryAcquire(Context(t), name); err == nil {
 				break
 			} else if time.Now().After(deadline) {
 				t.Fatalf("the lease never expired: %v", err)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		if err := la.Keep(testCtx(t)); !errors.Is(err, lock.ErrLost) {
+		if err := la.Keep(Context(t)); !errors.Is(err, lock.ErrLost) {
 			t.Errorf("Keep of an expired, taken lease: %v; want ErrLost", err)
 		}
 	})

@@ -3,7 +3,6 @@ package mongodb_test
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,23 +17,6 @@ import (
 	"github.com/withlock/withlock/internal/testenv"
 )
 
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
-
-func open(t *testing.T, url string, opts lock.Options) lock.Backend {
-	t.Helper()
-	opts.Holder = lock.Holder{Host: "test", PID: os.Getpid(), Command: []string{"true"}}
-	b, err := lock.Open(url, opts)
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return b
-}
-
 // locks returns the collection a backend on url uses.
 func locks(t *testing.T, url string) *mongo.Collection {
 	t.Helper()
@@ -48,11 +30,13 @@ func locks(t *testing.T, url string) *mongo.Collection {
 
 func TestConformance(t *testing.T) {
 	m := testenv.RequireMongo(t)
-	locktest.Run(t, func(t *testing.T) lock.Backend { return open(t, m.URL, lock.Options{TTL: 2 * time.Second}) }, locktest.Options{})
+	locktest.Run(t, func(t *testing.T) lock.Backend { return locktest.Open(t, m.URL, lock.Options{TTL: 2 * time.Second}) }, locktest.Options{})
 	locktest.RunLease(t,
-		func(t *testing.T, ttl time.Duration) lock.Backend { return open(t, m.URL, lock.Options{TTL: ttl}) },
+		func(t *testing.T, ttl time.Duration) lock.Backend {
+			return locktest.Open(t, m.URL, lock.Options{TTL: ttl})
+		},
 		func(t *testing.T, name string) {
-			res, err := locks(t, m.URL).DeleteOne(ctx(t), bson.D{{Key: "_id", Value: name}})
+			res, err := locks(t, m.URL).DeleteOne(locktest.Context(t), bson.D{{Key: "_id", Value: name}})
 			if err != nil || res.DeletedCount != 1 {
 				t.Fatalf("deleting the lease document %q: %v", name, err)
 			}
@@ -63,13 +47,13 @@ func TestConformance(t *testing.T) {
 // server's clock and the holder's details.
 func TestDocument(t *testing.T) {
 	m := testenv.RequireMongo(t)
-	b := open(t, m.URL, lock.Options{TTL: 10 * time.Second})
-	l, err := b.TryAcquire(ctx(t), "doc")
+	b := locktest.Open(t, m.URL, lock.Options{TTL: 10 * time.Second})
+	l, err := b.TryAcquire(locktest.Context(t), "doc")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var doc bson.M
-	if err := locks(t, m.URL).FindOne(ctx(t), bson.D{{Key: "_id", Value: "doc"}}).Decode(&doc); err != nil {
+	if err := locks(t, m.URL).FindOne(locktest.Context(t), bson.D{{Key: "_id", Value: "doc"}}).Decode(&doc); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"token", "fence", "holder", "acquiredAt", "expiresAt"} {
@@ -84,17 +68,17 @@ func TestDocument(t *testing.T) {
 	if f := doc["fence"].(int64); f != l.(lock.Fenced).Token() {
 		t.Errorf("fence in the document %d, Token() %d", f, l.(lock.Fenced).Token())
 	}
-	if err := l.Release(ctx(t)); err != nil {
+	if err := l.Release(locktest.Context(t)); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := locks(t, m.URL).CountDocuments(ctx(t), bson.D{{Key: "_id", Value: "doc"}}); n != 0 {
+	if n, _ := locks(t, m.URL).CountDocuments(locktest.Context(t), bson.D{{Key: "_id", Value: "doc"}}); n != 0 {
 		t.Errorf("the lease document is still there after Release")
 	}
 }
 
 func TestUnreachable(t *testing.T) {
-	b := open(t, "mongodb://127.0.0.1:1/", lock.Options{ConnectTimeout: 500 * time.Millisecond})
-	_, err := b.TryAcquire(ctx(t), "job")
+	b := locktest.Open(t, "mongodb://127.0.0.1:1/", lock.Options{ConnectTimeout: 500 * time.Millisecond})
+	_, err := b.TryAcquire(locktest.Context(t), "job")
 	if !errors.Is(err, lock.ErrUnavailable) || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("closed port: %v; want ErrUnavailable saying connection refused", err)
 	}

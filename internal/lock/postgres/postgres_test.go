@@ -1,13 +1,11 @@
 package postgres_test
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,12 +16,6 @@ import (
 	"github.com/withlock/withlock/internal/lock/postgres"
 	"github.com/withlock/withlock/internal/testenv"
 )
-
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
 
 // database returns the URL of a fresh database in p.
 func database(t *testing.T, p *testenv.Postgres) string {
@@ -37,27 +29,9 @@ func database(t *testing.T, p *testenv.Postgres) string {
 	return u
 }
 
-// open returns a Backend for dbURL, closed when t ends.
-func open(t *testing.T, dbURL string, opts lock.Options) lock.Backend {
-	t.Helper()
-	if opts.Holder.PID == 0 {
-		opts.Holder = lock.Holder{Host: "test", PID: os.Getpid()}
-	}
-	b, err := lock.Open(dbURL, opts)
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := b.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
-	return b
-}
-
 func query(t *testing.T, dbURL, sql string) string {
 	t.Helper()
-	rows, err := testenv.Exec(ctx(t), dbURL, sql)
+	rows, err := testenv.Exec(locktest.Context(t), dbURL, sql)
 	if err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
@@ -67,7 +41,7 @@ func query(t *testing.T, dbURL, sql string) string {
 func TestConformance(t *testing.T) {
 	db := database(t, testenv.RequirePostgres(t))
 	locktest.Run(t, func(t *testing.T) lock.Backend {
-		return open(t, db, lock.Options{})
+		return locktest.Open(t, db, lock.Options{})
 	}, locktest.Options{Session: true})
 }
 
@@ -101,8 +75,8 @@ func TestKeys(t *testing.T) {
 // advisory-lock and psql users take.
 func TestTwoKeyLock(t *testing.T) {
 	db := database(t, testenv.RequirePostgres(t))
-	b := open(t, db, lock.Options{})
-	l, err := b.TryAcquire(ctx(t), "test-lock")
+	b := locktest.Open(t, db, lock.Options{})
+	l, err := b.TryAcquire(locktest.Context(t), "test-lock")
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
@@ -111,7 +85,7 @@ func TestTwoKeyLock(t *testing.T) {
 	if got := query(t, db, try); got != "f" {
 		t.Errorf("%s while withlock held test-lock: %s, want f", try, got)
 	}
-	if err := l.Release(ctx(t)); err != nil {
+	if err := l.Release(locktest.Context(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	if got := query(t, db, try); got != "t" {
@@ -147,20 +121,20 @@ func terminate(t *testing.T, db, pid string) {
 
 func TestKeepAfterTerminate(t *testing.T) {
 	db := database(t, testenv.RequirePostgres(t))
-	a, b := open(t, db, lock.Options{}), open(t, db, lock.Options{})
-	l, err := a.TryAcquire(ctx(t), "job")
+	a, b := locktest.Open(t, db, lock.Options{}), locktest.Open(t, db, lock.Options{})
+	l, err := a.TryAcquire(locktest.Context(t), "job")
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
 	terminate(t, db, holderPID(t, db))
-	if err := l.Keep(ctx(t)); !errors.Is(err, lock.ErrLost) {
+	if err := l.Keep(locktest.Context(t)); !errors.Is(err, lock.ErrLost) {
 		t.Errorf("Keep after pg_terminate_backend: %v; want an error matching lock.ErrLost", err)
 	}
-	lb, err := b.TryAcquire(ctx(t), "job")
+	lb, err := b.TryAcquire(locktest.Context(t), "job")
 	if err != nil {
 		t.Fatalf("TryAcquire by another client after the holder's session ended: %v", err)
 	}
-	lb.Release(ctx(t))
+	lb.Release(locktest.Context(t))
 }
 
 // TestHeldNoticesTerminate: the loss is noticed by watching the session,
@@ -168,11 +142,11 @@ func TestKeepAfterTerminate(t *testing.T) {
 func TestHeldNoticesTerminate(t *testing.T) {
 	db := database(t, testenv.RequirePostgres(t))
 	opts := lock.Options{TTL: time.Minute}
-	h, err := lock.Acquire(ctx(t), open(t, db, opts), "job", opts)
+	h, err := lock.Acquire(locktest.Context(t), locktest.Open(t, db, opts), "job", opts)
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	defer h.Release(ctx(t))
+	defer h.Release(locktest.Context(t))
 	terminate(t, db, holderPID(t, db))
 	select {
 	case <-h.Lost():
@@ -218,10 +192,10 @@ func TestClassify(t *testing.T) {
 		{"no such database", withDB(p.URL, "no_such_db"), lock.ErrRefused, `"no_such_db" does not exist`},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			b := open(t, tc.url, lock.Options{})
-			l, err := b.TryAcquire(ctx(t), "job")
+			b := locktest.Open(t, tc.url, lock.Options{})
+			l, err := b.TryAcquire(locktest.Context(t), "job")
 			if err == nil {
-				l.Release(ctx(t))
+				l.Release(locktest.Context(t))
 				t.Fatal("TryAcquire succeeded")
 			}
 			if !errors.Is(err, tc.kind) {
@@ -250,7 +224,7 @@ func TestRefusedAtOnce(t *testing.T) {
 	u.Path = "/no_such_db"
 	opts := lock.Options{ConnectTimeout: time.Hour}
 	start := time.Now()
-	_, err := lock.Acquire(ctx(t), open(t, u.String(), opts), "job", opts)
+	_, err := lock.Acquire(locktest.Context(t), locktest.Open(t, u.String(), opts), "job", opts)
 	if !errors.Is(err, lock.ErrRefused) {
 		t.Errorf("Acquire: %v; want an error matching lock.ErrRefused", err)
 	}

@@ -1,9 +1,7 @@
 package redis_test
 
 import (
-	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,30 +12,15 @@ import (
 	"github.com/withlock/withlock/internal/testenv"
 )
 
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
-
-func open(t *testing.T, url string, opts lock.Options) lock.Backend {
-	t.Helper()
-	opts.Holder = lock.Holder{Host: "test", PID: os.Getpid()}
-	b, err := lock.Open(url, opts)
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return b
-}
-
 func TestConformance(t *testing.T) {
 	r := testenv.RequireRedis(t)
-	locktest.Run(t, func(t *testing.T) lock.Backend { return open(t, r.URL, lock.Options{TTL: 2 * time.Second}) }, locktest.Options{})
+	locktest.Run(t, func(t *testing.T) lock.Backend { return locktest.Open(t, r.URL, lock.Options{TTL: 2 * time.Second}) }, locktest.Options{})
 	locktest.RunLease(t,
-		func(t *testing.T, ttl time.Duration) lock.Backend { return open(t, r.URL, lock.Options{TTL: ttl}) },
+		func(t *testing.T, ttl time.Duration) lock.Backend {
+			return locktest.Open(t, r.URL, lock.Options{TTL: ttl})
+		},
 		func(t *testing.T, name string) {
-			if n, err := testenv.RedisDo(ctx(t), r.URL, "DEL", redis.Key(name)); err != nil || n != "1" {
+			if n, err := testenv.RedisDo(locktest.Context(t), r.URL, "DEL", redis.Key(name)); err != nil || n != "1" {
 				t.Fatalf("DEL %s: %q, %v", redis.Key(name), n, err)
 			}
 		})
@@ -46,11 +29,11 @@ func TestConformance(t *testing.T) {
 func TestErrors(t *testing.T) {
 	r := testenv.RequireRedisWithPassword(t, "s3cret-pw")
 	bad := strings.Replace(r.URL, "s3cret-pw", "wrong", 1)
-	_, err := open(t, bad, lock.Options{}).TryAcquire(ctx(t), "job")
+	_, err := locktest.Open(t, bad, lock.Options{}).TryAcquire(locktest.Context(t), "job")
 	if !errors.Is(err, lock.ErrRefused) {
 		t.Errorf("wrong password: %v; want ErrRefused", err)
 	}
-	_, err = open(t, "redis://127.0.0.1:1/0", lock.Options{}).TryAcquire(ctx(t), "job")
+	_, err = locktest.Open(t, "redis://127.0.0.1:1/0", lock.Options{}).TryAcquire(locktest.Context(t), "job")
 	if !errors.Is(err, lock.ErrUnavailable) || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("closed port: %v; want ErrUnavailable saying connection refused", err)
 	}
