@@ -93,14 +93,27 @@ func Acquire(ctx context.Context, b Backend, name string, opts Options) (*Held, 
 		sent := time.Now()
 		var lease Lease
 		var err error
-		if canWait && !opts.NoWait {
+		// A Waiter first tries once too, so that a free lock is taken in one
+		// round trip and a held one is said to be (-v shows the wait).
+		waited := canWait && !opts.NoWait && saidWaiting
+		if waited {
 			lease, err = waiter.Acquire(ctx, name)
 		} else {
 			lease, err = b.TryAcquire(ctx, name)
 		}
 		if err == nil {
 			log.Debug("acquired", "took", since(start))
-			return newHeld(name, lease, sent, opts), nil
+			// A single attempt's lease began no earlier than the attempt
+			// was sent: the safe start of its life. A server-side wait can
+			// last minutes; its lock was granted at some moment in it, and
+			// the session is known alive when the answer arrives. Counting
+			// from the start of the wait would give up a long waiter's lock
+			// the moment it got it.
+			confirmed := sent
+			if waited {
+				confirmed = time.Now()
+			}
+			return newHeld(name, lease, confirmed, opts), nil
 		}
 		if ctx.Err() != nil {
 			if errors.Is(err, ErrUnavailable) || lastErr == nil && errors.Is(err, ErrHeld) {
@@ -118,6 +131,9 @@ func Acquire(ctx context.Context, b Backend, name string, opts Options) (*Held, 
 			if !saidWaiting {
 				log.Debug("held elsewhere; waiting")
 				saidWaiting = true
+				if canWait {
+					continue // into the server-side wait
+				}
 			}
 			unreachableSince = time.Time{}
 			backoff = newBackoff()

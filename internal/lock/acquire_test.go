@@ -267,17 +267,25 @@ func TestAcquirePollsHeld(t *testing.T) {
 	}
 }
 
-// TestAcquireUsesWaiter: a Waiter waits on the server, unless NoWait asks
-// for one attempt.
+// TestAcquireUsesWaiter: a Waiter tries once, then waits on the server if
+// the lock is held, unless NoWait asks for one attempt.
 func TestAcquireUsesWaiter(t *testing.T) {
-	for _, noWait := range []bool{false, true} {
-		b := &waiter{script: script{answer: always(nil)}}
-		if _, err := acquire(t, testCtx(t), b, lock.Options{NoWait: noWait}); err != nil {
-			t.Fatalf("NoWait %v: Acquire: %v", noWait, err)
+	for _, tc := range []struct {
+		desc                string
+		noWait              bool
+		answer              error
+		wantTries, wantWait int32
+	}{
+		{"free", false, nil, 1, 0},
+		{"held", false, errHeld, 1, 1},
+		{"free, NoWait", true, nil, 1, 0},
+	} {
+		b := &waiter{script: script{answer: always(tc.answer)}}
+		if _, err := acquire(t, testCtx(t), b, lock.Options{NoWait: tc.noWait}); err != nil {
+			t.Fatalf("%s: Acquire: %v", tc.desc, err)
 		}
-		tries, waits := b.calls.Load(), b.waits.Load()
-		if noWait && (tries != 1 || waits != 0) || !noWait && (tries != 0 || waits != 1) {
-			t.Errorf("NoWait %v: %d TryAcquire and %d Acquire calls", noWait, tries, waits)
+		if tries, waits := b.calls.Load(), b.waits.Load(); tries != tc.wantTries || waits != tc.wantWait {
+			t.Errorf("%s: %d TryAcquire and %d Acquire calls; want %d and %d", tc.desc, tries, waits, tc.wantTries, tc.wantWait)
 		}
 	}
 }

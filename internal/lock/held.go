@@ -9,7 +9,8 @@ import (
 	"time"
 )
 
-// releaseTimeout bounds the final release; past it the lock ends with its
+// releaseTimeout bounds the final release, together with the wait for a
+// check that was in flight when it began; past it the lock ends with its
 // session or lease anyway.
 const releaseTimeout = 5 * time.Second
 
@@ -25,30 +26,40 @@ type Held struct {
 	lost    chan struct{} // closed when the lock is given up for lost
 	lostErr error         // why; written before lost is closed
 
+	// stopKeeping ends the keep loop's waits: no new Keep starts. It does
+	// not interrupt a Keep in flight, which may be using the very
+	// connection that Release needs (a PostgreSQL session closes when a
+	// statement is cut off); abortKeep does, as a last resort.
 	stopKeeping context.CancelFunc
+	abortKeep   context.CancelFunc
 	keeperDone  chan struct{}
 	releaseOnce sync.Once
 	releaseErr  error
 }
 
-func newHeld(name string, lease Lease, sent time.Time, opts Options) *Held {
-	ctx, cancel := context.WithCancel(context.Background())
+// newHeld starts keeping lease, last confirmed at confirmed.
+func newHeld(name string, lease Lease, confirmed time.Time, opts Options) *Held {
+	keepCtx, abort := context.WithCancel(context.Background())
+	waitCtx, stop := context.WithCancel(keepCtx)
 	h := &Held{
 		name:        name,
 		lease:       lease,
 		opts:        opts,
 		log:         opts.Log.With("lock", name),
-		acquiredAt:  sent,
+		acquiredAt:  confirmed,
 		lost:        make(chan struct{}),
-		stopKeeping: cancel,
+		stopKeeping: stop,
+		abortKeep:   abort,
 		keeperDone:  make(chan struct{}),
 	}
-	go h.keep(ctx)
+	go h.keep(waitCtx, keepCtx)
 	return h
 }
 
-// AcquiredAt is when the successful attempt was sent: no later than the
-// moment the backend granted the lock.
+// AcquiredAt is when the lock was known to be ours: for a single attempt
+// (a lease), when that attempt was sent, no later than the moment the
+// backend granted it; for a wait on the server's side (Waiter), when the
+// grant arrived. The keep loop counts from it, and so does HoldAtLeast.
 func (h *Held) AcquiredAt() time.Time { return h.acquiredAt }
 
 // Token returns the fencing token, if the backend has one.
@@ -62,7 +73,9 @@ func (h *Held) Token() (int64, bool) {
 // Lost is closed when the lock is known lost (an error wrapping ErrLost from
 // the backend) or can no longer be vouched for: no Keep has succeeded for
 // TTL-Grace, measured on this process's monotonic clock from when the last
-// successful Keep was sent. It is never closed after Release.
+// successful Keep was sent (or from AcquiredAt). Once Release has been
+// called it closes only if a Keep already in flight finds the lock gone;
+// Release then does not release it again.
 func (h *Held) Lost() <-chan struct{} { return h.lost }
 
 // Err says why the lock was lost; nil while Lost is open.
@@ -77,7 +90,9 @@ func (h *Held) Err() error {
 
 // keep is the single loop that keeps the lock: Keep every TTL/3, sooner
 // after a failure, and give the lock up once it cannot be vouched for.
-func (h *Held) keep(ctx context.Context) {
+// waitCtx ends when Release stops the loop; keepCtx, its parent, only when
+// Release gives up waiting for a Keep in flight.
+func (h *Held) keep(waitCtx, keepCtx context.Context) {
 	defer close(h.keeperDone)
 	interval := h.opts.TTL / 3
 	retry := max(interval/5, 100*time.Millisecond)
@@ -91,11 +106,11 @@ func (h *Held) keep(ctx context.Context) {
 		if deadline.Before(wake) {
 			wake = deadline
 		}
-		if err := h.waitUntil(ctx, watcher, wake); err != nil {
+		if err := h.waitUntil(waitCtx, watcher, wake); err != nil {
 			h.giveUp(err)
 			return
 		}
-		if ctx.Err() != nil {
+		if waitCtx.Err() != nil {
 			return
 		}
 		if !time.Now().Before(deadline) {
@@ -103,7 +118,7 @@ func (h *Held) keep(ctx context.Context) {
 			return
 		}
 		sent := time.Now()
-		kctx, cancel := context.WithDeadline(ctx, deadline)
+		kctx, cancel := context.WithDeadline(keepCtx, deadline)
 		err := h.lease.Keep(kctx)
 		cancel()
 		switch {
@@ -111,10 +126,10 @@ func (h *Held) keep(ctx context.Context) {
 			h.log.Debug("kept", "took", since(sent))
 			lastOK, lastErr = sent, nil
 			next = sent.Add(interval)
-		case ctx.Err() != nil:
-			return
 		case errors.Is(err, ErrLost):
 			h.giveUp(err)
+			return
+		case waitCtx.Err() != nil:
 			return
 		default:
 			h.log.Warn("could not confirm the lock; retrying", "err", err)
@@ -125,7 +140,9 @@ func (h *Held) keep(ctx context.Context) {
 }
 
 // waitUntil sleeps until t or until ctx ends, watching the lease meanwhile
-// where it can watch itself. It returns only a loss or a backend failure.
+// where it can watch itself (a Watch is cut off when Release begins; the
+// Watcher contract says that leaves the lease usable). It returns only a
+// loss or a backend failure.
 func (h *Held) waitUntil(ctx context.Context, w Watcher, t time.Time) error {
 	wctx, cancel := context.WithDeadline(ctx, t)
 	defer cancel()
@@ -152,9 +169,10 @@ func (h *Held) giveUp(err error) {
 // Release stops keeping the lock and gives it up: at once, or, with
 // HoldAtLeast, once that long has passed since acquisition (a backend that
 // can let the lease linger is told so and Release returns at once; otherwise
-// Release waits, and returns early, releasing, if ctx ends). The release
-// itself is bounded by its own timeout. A lock already lost is not released
-// again. Release may be called more than once; later calls return the first
+// Release waits, still keeping the lock, and returns early, releasing, if
+// ctx ends). A Keep in flight is let finish first, and the release itself
+// is bounded by its own timeout. A lock already lost is not released again.
+// Release may be called more than once; later calls return the first
 // result.
 func (h *Held) Release(ctx context.Context) error {
 	h.releaseOnce.Do(func() { h.releaseErr = h.release(ctx) })
@@ -162,33 +180,50 @@ func (h *Held) Release(ctx context.Context) error {
 }
 
 func (h *Held) release(ctx context.Context) error {
-	h.stopKeeping()
-	<-h.keeperDone
-	if h.Err() != nil {
-		return nil
-	}
-	start := time.Now()
-	if until := h.acquiredAt.Add(h.opts.HoldAtLeast); h.opts.HoldAtLeast > 0 && start.Before(until) {
-		if l, ok := h.lease.(Lingerer); ok {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-			defer cancel()
-			if err := l.ReleaseAt(rctx, until); err != nil {
-				return fmt.Errorf("release %q: %w", h.name, err)
-			}
-			h.log.Debug("left to expire", "at", until, "took", since(start))
-			return nil
-		}
+	until := h.acquiredAt.Add(h.opts.HoldAtLeast)
+	lingerer, canLinger := h.lease.(Lingerer)
+	if h.opts.HoldAtLeast > 0 && !canLinger && time.Now().Before(until) {
+		// A session lock is held by staying. The keep loop goes on
+		// meanwhile, so that a server that ends silent sessions does not
+		// end this one before its time.
 		h.log.Debug("holding", "until", until)
 		t := time.NewTimer(time.Until(until))
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
+		case <-h.lost:
+			t.Stop()
 		}
-		start = time.Now()
 	}
+
+	// Let a Keep in flight finish rather than cut it off: cutting a
+	// statement off can close the session (PostgreSQL) whose lock is about
+	// to be given back. The Keep is bounded by its own deadline; the wait
+	// for it and the release share releaseTimeout.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
+	h.stopKeeping()
+	select {
+	case <-h.keeperDone:
+	case <-rctx.Done():
+		h.abortKeep()
+		<-h.keeperDone
+	}
+	h.abortKeep()
+	if err := h.Err(); err != nil {
+		h.log.Debug("lost before it could be released", "err", err)
+		return nil
+	}
+
+	start := time.Now()
+	if h.opts.HoldAtLeast > 0 && canLinger && start.Before(until) {
+		if err := lingerer.ReleaseAt(rctx, until); err != nil {
+			return fmt.Errorf("release %q: %w", h.name, err)
+		}
+		h.log.Debug("left to expire", "at", until, "took", since(start))
+		return nil
+	}
 	if err := h.lease.Release(rctx); err != nil {
 		return fmt.Errorf("release %q: %w", h.name, err)
 	}

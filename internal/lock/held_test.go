@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -312,5 +313,128 @@ func TestToken(t *testing.T) {
 	h = hold(t, &fakeLease{}, lock.Options{})
 	if token, ok := h.Token(); token != 0 || ok {
 		t.Errorf("Token() of a lease without one = %d, %v; want 0, false", token, ok)
+	}
+}
+
+// slowWaiter is a Waiter whose Acquire waits (as a server-side queue does)
+// until grant is closed, then grants lease.
+type slowWaiter struct {
+	script
+	grant chan struct{}
+}
+
+func (w *slowWaiter) Acquire(ctx context.Context, _ string) (lock.Lease, error) {
+	select {
+	case <-w.grant:
+		return w.lease, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestLongWaitIsNotLost: a lock granted after a server-side wait longer
+// than TTL-Grace is kept from the grant on, not given up at once because
+// the wait began long ago (a deploy's second pod waiting for the first's
+// migration).
+func TestLongWaitIsNotLost(t *testing.T) {
+	t.Parallel()
+	const ttl, grace = 600 * time.Millisecond, 200 * time.Millisecond
+	l := &fakeLease{kept: make(chan time.Time, 100)}
+	w := &slowWaiter{script: script{answer: always(errHeld), lease: l}, grant: make(chan struct{})}
+	// The wait lasts three times TTL-Grace.
+	time.AfterFunc(3*(ttl-grace), func() { close(w.grant) })
+	h, err := acquire(t, testCtx(t), w, lock.Options{TTL: ttl, Grace: grace})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	granted := time.Now()
+	if d := granted.Sub(h.AcquiredAt()); d > 100*time.Millisecond || d < 0 {
+		t.Errorf("AcquiredAt is %v before Acquire returned; want the moment of the grant", d)
+	}
+	select {
+	case k := <-l.kept:
+		if gap := k.Sub(granted); gap < ttl/3-50*time.Millisecond {
+			t.Errorf("first Keep %v after the grant; want about TTL/3 = %v", gap, ttl/3)
+		}
+	case <-h.Lost():
+		t.Fatalf("lost right after a long wait: %v", h.Err())
+	case <-time.After(long):
+		t.Fatalf("no Keep after %v", long)
+	}
+	mustNotBeLost(t, h)
+}
+
+// blockingLease is a Lease whose Keep, from the second on, blocks until
+// unblock is closed, and which records the order of events.
+type blockingLease struct {
+	fakeLease
+	inKeep, unblock chan struct{}
+	mu              sync.Mutex
+	events          []string
+}
+
+func (l *blockingLease) record(e string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+}
+
+func (l *blockingLease) Keep(ctx context.Context) error {
+	close(l.inKeep)
+	<-l.unblock
+	if ctx.Err() != nil {
+		l.record("keep cut off")
+	}
+	l.record("keep done")
+	return nil
+}
+
+func (l *blockingLease) Release(ctx context.Context) error {
+	l.record("release")
+	return l.fakeLease.Release(ctx)
+}
+
+// TestReleaseLetsKeepFinish: a Release that begins while a Keep is in
+// flight waits for it instead of cutting it off, which on PostgreSQL would
+// close the very session whose lock is to be released.
+func TestReleaseLetsKeepFinish(t *testing.T) {
+	t.Parallel()
+	l := &blockingLease{inKeep: make(chan struct{}), unblock: make(chan struct{})}
+	// The Keep's own deadline (TTL-Grace after acquisition) is far off.
+	h := hold(t, l, lock.Options{TTL: 3 * time.Second, Grace: time.Second})
+	<-l.inKeep
+	released := make(chan error, 1)
+	go func() { released <- h.Release(testCtx(t)) }()
+	select {
+	case err := <-released:
+		t.Fatalf("Release returned while a Keep was in flight: %v", err)
+	case <-time.After(100 * time.Millisecond): // Release must not overtake the Keep
+	}
+	close(l.unblock)
+	if err := <-released; err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if got := strings.Join(l.events, ", "); got != "keep done, release" {
+		t.Errorf("events: %s; want the Keep to finish uncut, then the release", got)
+	}
+}
+
+// TestHoldAtLeastKeepsChecking: while a session lock is held on for
+// HoldAtLeast, it is still checked, so that a server that ends silent
+// sessions does not free it early.
+func TestHoldAtLeastKeepsChecking(t *testing.T) {
+	t.Parallel()
+	l := &fakeLease{kept: make(chan time.Time, 100)}
+	h := hold(t, l, lock.Options{TTL: 300 * time.Millisecond, Grace: 100 * time.Millisecond, HoldAtLeast: 700 * time.Millisecond})
+	if err := h.Release(testCtx(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if n := l.keeps.Load(); n < 2 {
+		t.Errorf("%d Keeps during a hold of 7 Keep intervals; want the lock checked while held", n)
+	}
+	if n := l.releases.Load(); n != 1 {
+		t.Errorf("the lease was released %d times, want 1", n)
 	}
 }

@@ -118,7 +118,8 @@ type Notifier interface {
 type Watcher interface {
 	// Watch blocks until ctx is done (it then returns nil) or the lock is
 	// known lost (an error wrapping ErrLost) or the backend failed (any other
-	// error).
+	// error). A Watch ended by ctx must leave the lease usable: Release
+	// follows at once, on the same connection.
 	Watch(ctx context.Context) error
 }
 
