@@ -7,6 +7,7 @@ import (
 	osexec "os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/rogpeppe/go-internal/testscript"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -40,7 +42,31 @@ func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
 		"withlock": func() { os.Exit(cmd.Main()) },
 		"status":   expectStatus,
+		"pgtx":     holdTransaction,
 	})
+}
+
+// holdTransaction is the program "pgtx READYFILE SQL": it begins a
+// transaction on $DB (a postgres URL), runs SQL in it, writes READYFILE,
+// and keeps the transaction open until it is killed; its locks go with it.
+func holdTransaction() {
+	if len(os.Args) != 3 {
+		fmt.Fprintln(os.Stderr, "usage: pgtx READYFILE SQL")
+		os.Exit(2)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, os.Getenv("DB"))
+	if err == nil {
+		_, err = conn.Exec(ctx, "begin; "+os.Args[2])
+	}
+	if err == nil {
+		err = os.WriteFile(os.Args[1], []byte("ready\n"), 0o666)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgtx:", err)
+		os.Exit(1)
+	}
+	select {}
 }
 
 // expectStatus is the program "status N PROG [ARG...]": it runs PROG with
@@ -209,6 +235,8 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
 			"waitfile":   cmdWaitfile,
+			"waitmatch":  cmdWaitmatch,
+			"pgwait":     cmdPgwait,
 			"gone":       cmdGone,
 			"pgsql":      cmdPgsql,
 			"server":     cmdServer,
@@ -237,6 +265,48 @@ func cmdWaitfile(ts *testscript.TestScript, neg bool, args []string) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+	}
+}
+
+// waitmatch FILE REGEXP waits (up to 30s) until a line of FILE matches
+// REGEXP: a background withlock's -v output, say, redirected to FILE.
+func cmdWaitmatch(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: waitmatch FILE REGEXP")
+	}
+	re, err := regexp.Compile("(?m)" + args[1])
+	ts.Check(err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		data, _ := os.ReadFile(ts.MkAbs(args[0]))
+		if re.Match(data) {
+			return
+		}
+		if time.Now().After(deadline) {
+			ts.Fatalf("waitmatch: no line of %s matched %q within 30s; it holds:\n%s", args[0], args[1], data)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// pgwait SQL runs SQL against $DB until it answers a single "t" (up to 30s):
+// for waiting until the server shows something, such as a waiter in pg_locks.
+func cmdPgwait(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: pgwait SQL")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		rows, err := testenv.Exec(ctx, ts.Getenv("DB"), args[0])
+		cancel()
+		if err == nil && len(rows) == 1 && rows[0] == "t" {
+			return
+		}
+		if time.Now().After(deadline) {
+			ts.Fatalf("pgwait: %q did not answer t within 30s (last: %q, %v)", args[0], rows, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
