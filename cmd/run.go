@@ -279,7 +279,11 @@ func acquire(b lock.Backend, name string, opts lock.Options, timeout time.Durati
 				r.held.Release(context.Background())
 				return nil, context.Cause(ctx)
 			}
-			if errors.Is(r.err, lock.ErrHeld) && opts.NoWait {
+			switch {
+			case errors.Is(r.err, lock.ErrUnsettled) && opts.NoWait:
+				// Perhaps held, perhaps not: say what the backend knows.
+				r.err = lock.Errorf(lock.ErrHeld, "%q not acquired: %v (--no-wait)", name, r.err)
+			case errors.Is(r.err, lock.ErrHeld) && opts.NoWait:
 				r.err = lock.Errorf(lock.ErrHeld, "%q is held elsewhere (--no-wait)", name)
 			}
 			return r.held, r.err

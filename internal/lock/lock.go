@@ -29,6 +29,13 @@ import (
 var (
 	// ErrHeld means the lock is held by someone else right now.
 	ErrHeld = errors.New("lock: held elsewhere")
+	// ErrUnsettled means the backend cannot vouch yet that the lock is
+	// free: its server started recently and may have lost, with its data,
+	// a lease whose holder still runs its command. It matches ErrHeld too,
+	// so Acquire waits (retrying when the error's Remaining has passed) and
+	// --no-wait does not take the lock; the error's message says why and
+	// for how long.
+	ErrUnsettled = fmt.Errorf("%w: the server may have forgotten a holder", ErrHeld)
 	// ErrUnavailable means the backend could not be reached or did not
 	// answer; trying again later may succeed.
 	ErrUnavailable = errors.New("lock: backend unavailable")

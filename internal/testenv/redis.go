@@ -3,9 +3,17 @@ package testenv
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/url"
 	"os"
@@ -26,36 +34,62 @@ var ErrNoRedis = errors.New("testenv: redis-server not found in PATH; install it
 // Redis is a running throwaway redis-server on 127.0.0.1 in a temporary directory,
 // without persistence (save "", appendonly no): its data does not survive Stop.
 //
+// A new server is marked as one that forgot no lock: its key [RedisFreshKey] holds
+// its run_id, which lifts withlock's wait on servers younger than the lock's ttl.
+// A server started again after Stop is not marked: that is the restart withlock
+// must wait out.
+//
 // Like [Postgres], it has a watchdog that kills the server and removes Dir when the
 // test process exits, however it dies.
 type Redis struct {
 	Dir  string // redis.conf, redis.log; the server's working directory
 	Port int    // TCP port on 127.0.0.1, the same across Stop and Start
 	// URL is redis://127.0.0.1:PORT/0, or redis://:PASSWORD@127.0.0.1:PORT/0 with
-	// a password.
+	// a password; rediss:// with TLS.
 	URL string
+	// CertFile is the server's self-signed certificate (PEM) with TLS, for
+	// clients to trust or, by default, to refuse.
+	CertFile string
 
-	bin      string
-	password string
-	proc     *serverProc
+	bin  string
+	opts RedisOptions
+	proc *serverProc
+}
+
+// RedisFreshKey is the key whose value, the server's run_id, tells withlock that
+// this start of the server forgot no lock (internal/lock/redis.FreshKey).
+const RedisFreshKey = "withlock-fresh"
+
+// RedisOptions say how [StartRedisWith] starts a server. The zero value is
+// [StartRedis]'s server.
+type RedisOptions struct {
+	// Password is requirepass (and, for a replica, masterauth): commands fail
+	// with NOAUTH until AUTH password, and AUTH with another password fails with
+	// WRONGPASS. It is in URL.
+	Password string
+	// TLS makes the server speak only TLS (tls-port, no plaintext port), with a
+	// self-signed certificate for 127.0.0.1 in CertFile; client certificates are
+	// not asked for.
+	TLS bool
+	// ReplicaOf makes the server a replica (replicaof) of that server.
+	ReplicaOf *Redis
 }
 
 // StartRedis starts a new redis-server on a free port, without a password, and
 // returns it running. The caller must Close it. If redis-server is not in PATH,
 // the error is [ErrNoRedis].
-func StartRedis() (*Redis, error) { return startRedis("") }
+func StartRedis() (*Redis, error) { return StartRedisWith(RedisOptions{}) }
 
-// StartRedisWithPassword is [StartRedis] with requirepass set to password, so that
-// commands fail with NOAUTH until AUTH password, and AUTH with another password
-// fails with WRONGPASS. The password is in URL.
+// StartRedisWithPassword is [StartRedis] with requirepass set to password.
 func StartRedisWithPassword(password string) (*Redis, error) {
 	if password == "" {
 		return nil, errors.New("testenv: StartRedisWithPassword: empty password")
 	}
-	return startRedis(password)
+	return StartRedisWith(RedisOptions{Password: password})
 }
 
-func startRedis(password string) (*Redis, error) {
+// StartRedisWith is [StartRedis] with the options o.
+func StartRedisWith(o RedisOptions) (*Redis, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, ErrNoRedis
@@ -64,7 +98,14 @@ func startRedis(password string) (*Redis, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Redis{Dir: proc.dir, bin: bin, password: password, proc: proc}
+	r := &Redis{Dir: proc.dir, bin: bin, opts: o, proc: proc}
+	if o.TLS {
+		r.CertFile = filepath.Join(r.Dir, "cert.pem")
+		if err := writeSelfSigned(r.CertFile, filepath.Join(r.Dir, "key.pem")); err != nil {
+			r.Close()
+			return nil, err
+		}
+	}
 	// Another process may take the port between our probe and the server's bind;
 	// that is rare, and then we try another.
 	for attempt := 0; ; attempt++ {
@@ -80,11 +121,39 @@ func startRedis(password string) (*Redis, error) {
 		return nil, err
 	}
 	u := url.URL{Scheme: "redis", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(r.Port)), Path: "/0"}
-	if password != "" {
-		u.User = url.UserPassword("", password)
+	if o.TLS {
+		u.Scheme = "rediss"
+	}
+	if o.Password != "" {
+		u.User = url.UserPassword("", o.Password)
 	}
 	r.URL = u.String()
+	if o.ReplicaOf == nil {
+		if err := r.markFresh(); err != nil {
+			r.Close()
+			return nil, err
+		}
+	}
 	return r, nil
+}
+
+// markFresh sets RedisFreshKey to the server's run_id.
+func (r *Redis) markFresh() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	info, err := RedisDo(ctx, r.URL, "INFO", "server")
+	if err != nil {
+		return fmt.Errorf("testenv: INFO server: %w", err)
+	}
+	_, after, ok := strings.Cut(info, "run_id:")
+	if !ok {
+		return fmt.Errorf("testenv: no run_id in INFO server:\n%s", info)
+	}
+	runID, _, _ := strings.Cut(after, "\r\n")
+	if _, err := RedisDo(ctx, r.URL, "SET", RedisFreshKey, runID); err != nil {
+		return fmt.Errorf("testenv: SET %s: %w", RedisFreshKey, err)
+	}
+	return nil
 }
 
 func (r *Redis) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.Port)) }
@@ -93,16 +162,31 @@ func (r *Redis) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Ito
 // answers PING (with NOAUTH when it has a password: it is up either way).
 func (r *Redis) start() error {
 	conf := fmt.Sprintf(`bind 127.0.0.1
-port %d
 daemonize no
 supervised no
 dir %s
 logfile %s
 save ""
 appendonly no
-`, r.Port, redisQuote(r.Dir), redisQuote(filepath.Join(r.Dir, "redis.log")))
-	if r.password != "" {
-		conf += "requirepass " + redisQuote(r.password) + "\n"
+repl-diskless-sync-delay 0
+`, redisQuote(r.Dir), redisQuote(filepath.Join(r.Dir, "redis.log")))
+	if r.opts.TLS {
+		conf += fmt.Sprintf("port 0\ntls-port %d\ntls-cert-file %s\ntls-key-file %s\ntls-auth-clients no\n",
+			r.Port, redisQuote(r.CertFile), redisQuote(filepath.Join(r.Dir, "key.pem")))
+	} else {
+		conf += fmt.Sprintf("port %d\n", r.Port)
+	}
+	if r.opts.Password != "" {
+		conf += "requirepass " + redisQuote(r.opts.Password) + "\n"
+	}
+	if p := r.opts.ReplicaOf; p != nil {
+		conf += fmt.Sprintf("replicaof 127.0.0.1 %d\n", p.Port)
+		if p.opts.Password != "" {
+			conf += "masterauth " + redisQuote(p.opts.Password) + "\n"
+		}
+		if p.opts.TLS {
+			conf += "tls-replication yes\n"
+		}
 	}
 	name := filepath.Join(r.Dir, "redis.conf")
 	if err := os.WriteFile(name, []byte(conf), 0o600); err != nil {
@@ -114,7 +198,7 @@ appendonly no
 		logOffset = fi.Size()
 	}
 	err := r.proc.start(exec.Command(r.bin, name), nil, func() bool {
-		reply, err := redisPing(r.addr())
+		reply, err := redisPing(r.addr(), r.opts.TLS)
 		return err == nil && reply != ""
 	})
 	if err != nil {
@@ -154,24 +238,19 @@ func (r *Redis) Close() error { return r.proc.close() }
 // skipped elsewhere, with the install hint either way; any other error fails t.
 func RequireRedis(t testing.TB) *Redis {
 	t.Helper()
-	return requireRedis(t, "")
+	return RequireRedisWith(t, RedisOptions{})
 }
 
 // RequireRedisWithPassword is [RequireRedis] with [StartRedisWithPassword].
 func RequireRedisWithPassword(t testing.TB, password string) *Redis {
 	t.Helper()
-	return requireRedis(t, password)
+	return RequireRedisWith(t, RedisOptions{Password: password})
 }
 
-func requireRedis(t testing.TB, password string) *Redis {
+// RequireRedisWith is [RequireRedis] with [StartRedisWith].
+func RequireRedisWith(t testing.TB, o RedisOptions) *Redis {
 	t.Helper()
-	var r *Redis
-	var err error
-	if password == "" {
-		r, err = StartRedis()
-	} else {
-		r, err = StartRedisWithPassword(password)
-	}
+	r, err := StartRedisWith(o)
 	if err != nil {
 		missing(t, err, ErrNoRedis)
 	}
@@ -184,19 +263,26 @@ func requireRedis(t testing.TB, password string) *Redis {
 }
 
 // RedisDo runs one command on a new connection to the server of url (a
-// redis://[[user]:password@]host:port[/db] URL: AUTH and SELECT first as it says)
+// redis://[[user]:password@]host:port[/db] URL: AUTH and SELECT first as it says;
+// rediss:// for TLS, trusting any certificate: this is a test's own server)
 // and returns the reply as text: a simple or bulk string as is, an integer in
 // decimal, a nil reply as "(nil)", an array as its elements' texts, one a line.
 // An error reply is returned as an error whose text is the reply's (for example
 // "NOAUTH Authentication required." or "WRONGPASS invalid username-password pair
 // or user is disabled.").
 func RedisDo(ctx context.Context, url string, args ...string) (string, error) {
-	addr, auth, db, err := parseRedisURL(url)
+	addr, auth, db, useTLS, err := parseRedisURL(url)
 	if err != nil {
 		return "", err
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	var conn net.Conn
+	if useTLS {
+		d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}}
+		conn, err = d.DialContext(ctx, "tcp", addr)
+	} else {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, "tcp", addr)
+	}
 	if err != nil {
 		return "", err
 	}
@@ -221,13 +307,13 @@ func RedisDo(ctx context.Context, url string, args ...string) (string, error) {
 	return reply, err
 }
 
-func parseRedisURL(s string) (addr string, auth []string, db string, err error) {
+func parseRedisURL(s string) (addr string, auth []string, db string, useTLS bool, err error) {
 	u, err := url.Parse(s)
 	if err != nil {
-		return "", nil, "", fmt.Errorf("testenv: %w", err)
+		return "", nil, "", false, fmt.Errorf("testenv: %w", err)
 	}
-	if u.Scheme != "redis" {
-		return "", nil, "", fmt.Errorf("testenv: not a redis:// URL: %s", u.Redacted())
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return "", nil, "", false, fmt.Errorf("testenv: not a redis:// URL: %s", u.Redacted())
 	}
 	if u.User != nil {
 		if pw, ok := u.User.Password(); ok {
@@ -237,7 +323,7 @@ func parseRedisURL(s string) (addr string, auth []string, db string, err error) 
 			}
 		}
 	}
-	return u.Host, auth, strings.TrimPrefix(u.Path, "/"), nil
+	return u.Host, auth, strings.TrimPrefix(u.Path, "/"), u.Scheme == "rediss", nil
 }
 
 // redisError is an error reply.
@@ -318,10 +404,17 @@ func respRead(r *bufio.Reader) ([]string, error) {
 
 // redisPing sends PING and returns the reply's first line, error replies
 // included ("NOAUTH ..."): any reply means the server is up.
-func redisPing(addr string) (string, error) {
+func redisPing(addr string, useTLS bool) (string, error) {
 	// Short timeouts: whatever listens on the port may not be our server (then it
 	// exits, which the caller notices between attempts).
-	conn, err := net.DialTimeout("tcp", addr, 250*time.Millisecond)
+	d := &net.Dialer{Timeout: 250 * time.Millisecond}
+	var conn net.Conn
+	var err error
+	if useTLS {
+		conn, err = tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true})
+	} else {
+		conn, err = d.Dial("tcp", addr)
+	}
 	if err != nil {
 		return "", err
 	}
@@ -333,6 +426,42 @@ func redisPing(addr string) (string, error) {
 		return string(re), nil
 	}
 	return reply, err
+}
+
+// writeSelfSigned writes a new self-signed certificate for 127.0.0.1 and its
+// key, in PEM, valid for a day.
+func writeSelfSigned(certFile, keyFile string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: "withlock test server"},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IsCA:         true,
+		// A CA as well, so that a client can trust it as its own root.
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	return nil
 }
 
 // redisQuote quotes s for redis.conf.

@@ -164,6 +164,73 @@ func TestRedisStopStart(t *testing.T) {
 	}
 }
 
+// A new server is marked fresh with its run_id; after a restart the key is
+// gone, and the run_id is another.
+func TestRedisFresh(t *testing.T) {
+	r := RequireRedis(t)
+	runID := func() string {
+		_, after, _ := strings.Cut(redisDo(t, r.URL, "INFO", "server"), "run_id:")
+		id, _, _ := strings.Cut(after, "\r\n")
+		return id
+	}
+	first := runID()
+	if got := redisDo(t, r.URL, "GET", RedisFreshKey); got != first || len(got) != 40 {
+		t.Errorf("GET %s = %q, want the run_id %q", RedisFreshKey, got, first)
+	}
+	if err := r.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if got := redisDo(t, r.URL, "GET", RedisFreshKey); got != "(nil)" {
+		t.Errorf("after a restart GET %s = %q, want (nil)", RedisFreshKey, got)
+	}
+	if runID() == first {
+		t.Error("the run_id did not change with the restart")
+	}
+}
+
+func TestRedisTLS(t *testing.T) {
+	r := RequireRedisWith(t, RedisOptions{TLS: true, Password: "tls-pw-1"})
+	if !strings.HasPrefix(r.URL, "rediss://") {
+		t.Errorf("URL = %q, want rediss://", r.URL)
+	}
+	if got := redisDo(t, r.URL, "PING"); got != "PONG" {
+		t.Errorf("PING over TLS = %q", got)
+	}
+	// Only TLS: a plaintext PING gets no reply.
+	c, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := RedisDo(c, "redis://:tls-pw-1@"+r.addr()+"/0", "PING"); err == nil {
+		t.Error("plaintext PING to the TLS server succeeded")
+	}
+	pemData, err := os.ReadFile(r.CertFile)
+	if err != nil || !strings.Contains(string(pemData), "BEGIN CERTIFICATE") {
+		t.Errorf("CertFile %s: %v %.40q", r.CertFile, err, pemData)
+	}
+}
+
+func TestRedisReplica(t *testing.T) {
+	p := RequireRedisWithPassword(t, "repl-pw-1")
+	r := RequireRedisWith(t, RedisOptions{Password: "repl-pw-1", ReplicaOf: p})
+	if got := redisDo(t, r.URL, "ROLE"); !strings.HasPrefix(got, "slave\n") {
+		t.Errorf("ROLE = %q, want slave", got)
+	}
+	if _, err := RedisDo(ctx(t), r.URL, "SET", "k", "v"); err == nil || !strings.HasPrefix(err.Error(), "READONLY") {
+		t.Errorf("SET on the replica: %v, want READONLY", err)
+	}
+	// It follows its primary (once the first sync is done).
+	redisDo(t, p.URL, "SET", "k", "from-primary")
+	deadline := time.Now().Add(30 * time.Second)
+	for redisDo(t, r.URL, "GET", "k") != "from-primary" {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not get the primary's write within 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestRedisStartPortTaken(t *testing.T) {
 	r := RequireRedis(t)
 	if err := r.Stop(); err != nil {

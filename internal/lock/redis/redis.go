@@ -3,9 +3,18 @@
 // server keeps. Every write is a script that acts only while the key still
 // holds our token, so only the holder can renew or release its lease.
 //
-// A fencing counter withlock:NAME:fence, incremented in the same script that
-// takes the lease, gives every acquisition a larger token. A release
+// The script that takes the lease also sets the fencing token kept in
+// withlock-fence:NAME: the server's clock in microseconds, or one more than
+// the last token if that is larger. Tokens therefore keep growing when the
+// server loses its data, as long as its clock does not go back. A release
 // publishes on withlock:released:NAME, which waiters subscribe to.
+//
+// Before it takes a lease, the same script refuses a replica and holds back
+// on a server that started less than ttl ago: that server may have lost,
+// with its data, a lease whose holder still runs its command (Redis's
+// "delayed restarts" advice, enforced by the client). The key
+// withlock-fresh, holding the server's run_id, says that this start of the
+// server forgot nothing (a new server), and lifts that wait.
 //
 // The keys of one name are not in one hash slot, so Redis Cluster is not
 // supported; use a single server or a Sentinel-managed primary.
@@ -13,9 +22,13 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,29 +40,79 @@ import (
 func init() {
 	lock.Register("redis", open)
 	lock.Register("rediss", open)
+	// go-redis logs dial failures on stderr by itself; withlock's stderr
+	// is its own, and those errors reach us as return values anyway.
+	goredis.SetLogger(quiet{})
 }
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
 
 // maxDial bounds one connection attempt, so that an unreachable host is
 // retried and reported instead of hanging the wait.
 const maxDial = 5 * time.Second
 
-// Key names. Exported for tests and for anyone who inspects a server.
+// FreshKey is the key that lifts the wait after a server's start: when it
+// holds the server's current run_id (INFO server), the server is known to
+// have forgotten no lease, for example because it is new. A restart changes
+// the run_id, so the key never carries over to the next start.
+const FreshKey = "withlock-fresh"
+
+// Key names. Exported for tests and for anyone who inspects a server. The
+// fence key is outside withlock:*, where every string is some name's lease.
 func Key(name string) string      { return "withlock:" + name }
-func FenceKey(name string) string { return "withlock:" + name + ":fence" }
+func FenceKey(name string) string { return "withlock-fence:" + name }
 func Channel(name string) string  { return "withlock:released:" + name }
 
-var (
-	// acquire takes the lease if it is free and bumps the fence counter in
-	// the same step. It returns the new fence, or the remaining lifetime of
-	// the holder's lease (in ms, negated) when the key is taken.
-	acquireScript = goredis.NewScript(`
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
-end
-return -redis.call('PTTL', KEYS[1])`)
+// Replies of acquireScript: the first element of its array.
+const (
+	replyHeld     = 0 // {0, PTTL of the holder's lease}
+	replyAcquired = 1 // {1, fencing token}
+	replyTooYoung = 2 // {2, ms to wait, uptime in seconds}
+	replyReplica  = 3 // {3, role}
+)
 
-	// renew extends the lease by ARGV[2] ms if it is still ours.
+var (
+	// acquire takes the lease if it is free and sets the fencing token in
+	// the same step. It first refuses a replica (its role in INFO
+	// replication), and holds back while the server's uptime is below the
+	// ttl, unless KEYS[3] holds the server's run_id. uptime_in_seconds is
+	// whole seconds, truncated at both ends, so the server has been up for
+	// more than uptime-1 seconds: that is what is compared with the ttl.
+	//
+	// INFO and TIME are not deterministic: servers before 5 need
+	// replicate_commands before such a script may write.
+	acquireScript = goredis.NewScript(`
+if redis.replicate_commands then redis.replicate_commands() end
+local role = string.match(redis.call('INFO', 'replication'), 'role:([%w-]+)')
+if role and role ~= 'master' then
+  return {3, role}
+end
+local info = redis.call('INFO', 'server')
+local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+if up then
+  local wait = tonumber(ARGV[2]) - (up - 1) * 1000
+  if wait > 0 and redis.call('GET', KEYS[3]) ~= string.match(info, 'run_id:(%x+)') then
+    return {2, wait, up}
+  end
+end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local t = redis.call('TIME')
+local fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, t[1] * 1000000 + t[2])
+redis.call('SET', KEYS[2], string.format('%.0f', fence))
+return {1, fence}`)
+
+	// renew extends the lease by ARGV[2] ms if it is still ours. It
+	// returns 1 when it did, 0 when the lease is not ours, and -1 on a
+	// replica: a failover demoted the server we hold the lease on.
 	renewScript = goredis.NewScript(`
+local role = string.match(redis.call('INFO', 'replication'), 'role:([%w-]+)')
+if role and role ~= 'master' then
+  return -1
+end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -69,9 +132,27 @@ type backend struct {
 	client *goredis.Client
 	addr   string
 	opts   lock.Options
+	// waitReplicas is the URL's wait_replicas: how many replicas must
+	// acknowledge an acquisition or renewal (Redis WAIT) before it counts.
+	waitReplicas int
+	saidTooYoung bool // the wait for the server's uptime was logged
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
+	// wait_replicas is ours; go-redis refuses options it does not know.
+	q := u.Query()
+	waitReplicas := 0
+	if q.Has("wait_replicas") {
+		n, err := strconv.Atoi(q.Get("wait_replicas"))
+		if err != nil || n < 0 {
+			return nil, lock.Errorf(lock.ErrUsage, "redis URL: wait_replicas must be a whole number of replicas, not %q", q.Get("wait_replicas"))
+		}
+		waitReplicas = n
+		q.Del("wait_replicas")
+		c := *u
+		c.RawQuery = q.Encode()
+		u = &c
+	}
 	ropts, err := goredis.ParseURL(u.String())
 	if err != nil {
 		return nil, lock.Errorf(lock.ErrUsage, "redis URL: %v", err)
@@ -81,12 +162,15 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	// package lock decide how long to wait and when to retry.
 	ropts.ContextTimeoutEnabled = true
 	ropts.MaxRetries = -1
+	// One dial per attempt: go-redis would otherwise dial up to 5 times,
+	// each up to DialTimeout, inside one command.
+	ropts.DialerRetries = 1
 	ropts.PoolSize = 2
 	ropts.ClientName = fmt.Sprintf("withlock-%d", opts.Holder.PID)
 	// go-redis would send CLIENT SETINFO on every new connection; old
 	// servers and some proxies refuse it.
 	ropts.DisableIdentity = true
-	return &backend{client: goredis.NewClient(ropts), addr: ropts.Addr, opts: opts}, nil
+	return &backend{client: goredis.NewClient(ropts), addr: ropts.Addr, opts: opts, waitReplicas: waitReplicas}, nil
 }
 
 func (b *backend) Close() error { return b.client.Close() }
@@ -94,15 +178,125 @@ func (b *backend) Close() error { return b.client.Close() }
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
 	token := lock.NewToken()
 	ttl := b.opts.TTL.Milliseconds()
-	n, err := acquireScript.Run(ctx, b.client, []string{Key(name), FenceKey(name)}, token, ttl).Int64()
+	cmd, acks, err := b.run(ctx, acquireScript, []string{Key(name), FenceKey(name), FreshKey}, token, ttl)
 	if err != nil {
+		if cmd.Err() == nil {
+			// The lease may be ours but WAIT did not answer: give it back
+			// if the connection still lets us.
+			releaseScript.Run(ctx, b.client, []string{Key(name), Channel(name)}, token)
+		}
 		return nil, b.classify(err)
 	}
-	if n <= 0 {
-		// -PTTL: -1 would be a key without expiry, which no withlock writes.
-		return nil, lock.HeldFor(time.Duration(-n) * time.Millisecond)
+	reply, err := cmd.Slice()
+	if err != nil || len(reply) < 2 {
+		return nil, lock.Errorf(lock.ErrRefused, "redis at %s: unexpected reply %v to the acquire script", b.addr, reply)
 	}
-	return &lease{b: b, name: name, token: token, fence: n}, nil
+	code, _ := reply[0].(int64)
+	switch code {
+	case replyAcquired:
+		fence, _ := reply[1].(int64)
+		l := &lease{b: b, name: name, token: token, fence: fence}
+		if acks >= 0 && acks < int64(b.waitReplicas) {
+			l.Release(ctx)
+			return nil, lock.Errorf(lock.ErrUnavailable, "redis at %s: %d of the %d replicas that wait_replicas asks for acknowledged the lock within %s; it was given back",
+				b.addr, acks, b.waitReplicas, b.waitTimeout(ctx).Round(time.Millisecond))
+		}
+		return l, nil
+	case replyHeld:
+		pttl, _ := reply[1].(int64)
+		if pttl < 0 {
+			// A key without expiry, which no withlock writes: someone
+			// else's. It is never freed by expiry, so no early retry.
+			return nil, lock.Errorf(lock.ErrHeld, "redis at %s: %s exists without an expiry; it is not a withlock lease", b.addr, Key(name))
+		}
+		return nil, lock.HeldFor(time.Duration(pttl) * time.Millisecond)
+	case replyTooYoung:
+		wait, _ := reply[1].(int64)
+		var up int64
+		if len(reply) > 2 {
+			up, _ = reply[2].(int64)
+		}
+		return nil, b.tooYoung(name, time.Duration(up)*time.Second, time.Duration(wait)*time.Millisecond)
+	case replyReplica:
+		role, _ := reply[1].(string)
+		return nil, lock.Errorf(lock.ErrRefused, "redis at %s is a replica (role:%s), where a lock excludes nobody; point withlock at the primary", b.addr, role)
+	}
+	return nil, lock.Errorf(lock.ErrRefused, "redis at %s: unexpected reply %v to the acquire script", b.addr, reply)
+}
+
+// tooYoung is the error of an attempt on a server that started less than
+// ttl ago. It matches lock.ErrUnsettled (and so lock.ErrHeld): Acquire
+// waits, retrying when wait has passed.
+func (b *backend) tooYoung(name string, uptime, wait time.Duration) error {
+	if !b.saidTooYoung {
+		b.saidTooYoung = true
+		b.opts.Log.Debug("redis has been up for less than the ttl and may have lost a lease still in use; waiting until its uptime reaches the ttl",
+			"lock", name, "addr", b.addr, "uptime", uptime, "ttl", b.opts.TTL, "wait", wait)
+	}
+	return unsettledError{
+		msg: fmt.Sprintf("redis at %s has been up for %s, less than --ttl (%s), so it may have lost a lease still in use; locks can be taken there in %s",
+			b.addr, uptime, b.opts.TTL, wait.Round(100*time.Millisecond)),
+		remaining: wait,
+	}
+}
+
+// unsettledError is ErrUnsettled with the time until the server can be
+// trusted, as Acquire reads it from ErrHeld errors (Remaining).
+type unsettledError struct {
+	msg       string
+	remaining time.Duration
+}
+
+func (e unsettledError) Error() string            { return e.msg }
+func (e unsettledError) Unwrap() error            { return lock.ErrUnsettled }
+func (e unsettledError) Remaining() time.Duration { return e.remaining }
+
+// run runs script with keys and args, followed on the same connection by
+// WAIT when the URL asks for replicas, in one round trip. acks is how many
+// replicas acknowledged, or -1 without WAIT. A non-nil err with a nil
+// cmd.Err() means that the script ran but WAIT failed.
+func (b *backend) run(ctx context.Context, s *goredis.Script, keys []string, args ...any) (cmd *goredis.Cmd, acks int64, err error) {
+	if b.waitReplicas == 0 {
+		cmd = s.Run(ctx, b.client, keys, args...)
+		return cmd, -1, cmd.Err()
+	}
+	for _, eval := range []bool{false, true} {
+		var wait *goredis.Cmd
+		b.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+			if eval {
+				cmd = s.Eval(ctx, p, keys, args...)
+			} else {
+				cmd = s.EvalSha(ctx, p, keys, args...)
+			}
+			wait = p.Do(ctx, "wait", b.waitReplicas, b.waitTimeout(ctx).Milliseconds())
+			return nil
+		})
+		switch {
+		case !eval && goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT"):
+			continue // the server does not know the script yet
+		case cmd.Err() != nil:
+			return cmd, 0, cmd.Err()
+		case wait.Err() != nil:
+			return cmd, 0, wait.Err()
+		}
+		acks, err := wait.Int64()
+		return cmd, acks, err
+	}
+	panic("unreachable")
+}
+
+// maxWait bounds WAIT. A replica acknowledges within milliseconds when it
+// is up; this also stays below go-redis's read timeout (3s).
+const maxWait = time.Second
+
+// waitTimeout bounds WAIT: maxWait, or less when the renewal interval
+// (ttl/3) or ctx ends sooner. Never 0, which would make WAIT block for ever.
+func (b *backend) waitTimeout(ctx context.Context) time.Duration {
+	d := min(maxWait, b.opts.TTL/3)
+	if deadline, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(deadline)/2)
+	}
+	return max(d, 10*time.Millisecond)
 }
 
 // Notify subscribes to the name's release channel.
@@ -134,18 +328,58 @@ func (b *backend) Notify(ctx context.Context, name string) (<-chan struct{}, fun
 	return released, func() { close(stop); sub.Close() }, nil
 }
 
-// classify sorts a go-redis error into lock's sentinels.
+// transient are the prefixes of error replies that a later attempt may not
+// get: the server is loading its data, busy with a script, without its
+// primary or replicas, or out of memory or connections.
+var transient = []string{"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "OOM", "ERR max number of clients"}
+
+// classify sorts a go-redis error into lock's sentinels. The server's own
+// error replies are refusals unless they are transient; anything that went
+// wrong on the way (refused, reset or cut connections, timeouts, a TLS
+// handshake cut short) is ErrUnavailable, unless the TLS peer answered and
+// refused us (certificate, not a TLS server, an alert).
 func (b *backend) classify(err error) error {
-	msg := err.Error()
-	switch {
-	case strings.HasPrefix(msg, "NOAUTH"), strings.HasPrefix(msg, "WRONGPASS"),
-		strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "invalid password"),
-		strings.Contains(msg, "invalid username-password"):
+	var reply goredis.Error
+	if errors.As(err, &reply) {
+		msg := reply.Error()
+		switch {
+		case strings.HasPrefix(msg, "READONLY"):
+			return lock.Errorf(lock.ErrRefused, "redis at %s is a replica, where a lock excludes nobody; point withlock at the primary (%s)", b.addr, msg)
+		case hasAnyPrefix(msg, transient):
+			return lock.Errorf(lock.ErrUnavailable, "redis at %s is not ready (%s)", b.addr, msg)
+		}
 		return lock.Errorf(lock.ErrRefused, "redis at %s refused: %s", b.addr, msg)
-	case strings.Contains(msg, "tls:"), strings.Contains(msg, "x509"):
-		return lock.Errorf(lock.ErrRefused, "redis at %s: %s", b.addr, msg)
+	}
+	if tlsRefusal(err) {
+		return lock.Errorf(lock.ErrRefused, "redis at %s: %v", b.addr, err)
 	}
 	return lock.Errorf(lock.ErrUnavailable, "cannot reach redis at %s (%s)", b.addr, lock.Reason(err))
+}
+
+func hasAnyPrefix(s string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// tlsRefusal reports whether err is a TLS peer's answer that retrying will
+// not change: a certificate we do not trust, a server that does not speak
+// TLS, or an alert it sent. A handshake that was cut or timed out is not.
+func tlsRefusal(err error) bool {
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		header   tls.RecordHeaderError
+		op       *net.OpError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) ||
+		errors.As(err, &invalid) || errors.As(err, &header) ||
+		errors.As(err, &op) && op.Op == "remote error"
 }
 
 type lease struct {
@@ -157,14 +391,24 @@ type lease struct {
 
 func (l *lease) Token() int64 { return l.fence }
 
-// Keep renews the lease for another TTL, judged by the server's clock.
+// Keep renews the lease for another TTL, judged by the server's clock. With
+// wait_replicas, a renewal counts only once the replicas have it.
 func (l *lease) Keep(ctx context.Context) error {
-	n, err := renewScript.Run(ctx, l.b.client, []string{Key(l.name)}, l.token, l.b.opts.TTL.Milliseconds()).Int64()
+	cmd, acks, err := l.b.run(ctx, renewScript, []string{Key(l.name)}, l.token, l.b.opts.TTL.Milliseconds())
 	if err != nil {
+		if goredis.HasErrorPrefix(err, "READONLY") {
+			return lock.Errorf(lock.ErrLost, "redis at %s became a replica (a failover?), where the lease can no longer be renewed", l.b.addr)
+		}
 		return l.b.classify(err)
 	}
-	if n == 0 {
+	switch n, _ := cmd.Int64(); n {
+	case 0:
 		return lock.Errorf(lock.ErrLost, "the lease key %s expired, was deleted or was taken by another holder", Key(l.name))
+	case -1:
+		return lock.Errorf(lock.ErrLost, "redis at %s became a replica (a failover?), where the lease can no longer be renewed", l.b.addr)
+	}
+	if acks >= 0 && acks < int64(l.b.waitReplicas) {
+		return lock.Errorf(lock.ErrUnavailable, "redis at %s: %d of the %d replicas that wait_replicas asks for acknowledged the renewal", l.b.addr, acks, l.b.waitReplicas)
 	}
 	return nil
 }
@@ -191,7 +435,7 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	if err != nil {
 		return l.b.classify(err)
 	}
-	if n == 0 {
+	if n != 1 {
 		return errors.New("redis: the lease was no longer ours at release")
 	}
 	return nil

@@ -1,8 +1,16 @@
 package redis_test
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"io"
+	"net"
+	"net/url"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,4 +56,385 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}
 	defer bk.Close()
 	locktest.BenchRoundTrip(b, bk)
+}
+
+func TestFreshKeyIsTestenvs(t *testing.T) {
+	if redis.FreshKey != testenv.RedisFreshKey {
+		t.Fatalf("redis.FreshKey %q, testenv.RedisFreshKey %q: testenv marks its new servers with the wrong key", redis.FreshKey, testenv.RedisFreshKey)
+	}
+}
+
+func do(t *testing.T, url string, args ...string) string {
+	t.Helper()
+	reply, err := testenv.RedisDo(locktest.Context(t), url, args...)
+	if err != nil {
+		t.Fatalf("%q: %v", args, err)
+	}
+	return reply
+}
+
+// serverMicros is the server's clock (TIME) in microseconds.
+func serverMicros(t *testing.T, url string) int64 {
+	t.Helper()
+	parts := strings.Split(do(t, url, "TIME"), "\n")
+	sec, err1 := strconv.ParseInt(parts[0], 10, 64)
+	usec, err2 := strconv.ParseInt(parts[len(parts)-1], 10, 64)
+	if err1 != nil || err2 != nil || len(parts) != 2 {
+		t.Fatalf("TIME = %q", parts)
+	}
+	return sec*1_000_000 + usec
+}
+
+func token(t *testing.T, b lock.Backend, name string) int64 {
+	t.Helper()
+	l, err := b.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	defer l.Release(locktest.Context(t))
+	return l.(lock.Fenced).Token()
+}
+
+// The fencing token is the server's clock in microseconds, or one more
+// than the last token when that is larger: it grows across a lost fence
+// counter, and across a counter that went back (a restored snapshot).
+func TestFenceFromServerClock(t *testing.T) {
+	r := testenv.RequireRedis(t)
+	b, name := locktest.Open(t, r.URL, lock.Options{TTL: 10 * time.Second}), locktest.Name(t)
+	before := serverMicros(t, r.URL)
+	first := token(t, b, name)
+	if first < before || first > serverMicros(t, r.URL) {
+		t.Errorf("first token %d is not the server's clock in µs (from %d)", first, before)
+	}
+	if got := do(t, r.URL, "GET", redis.FenceKey(name)); got != strconv.FormatInt(first, 10) {
+		t.Errorf("%s = %q, want %d", redis.FenceKey(name), got, first)
+	}
+	do(t, r.URL, "DEL", redis.FenceKey(name))
+	second := token(t, b, name)
+	do(t, r.URL, "SET", redis.FenceKey(name), "5")
+	third := token(t, b, name)
+	if !(first < second && second < third) {
+		t.Errorf("tokens %d, %d (counter deleted), %d (counter set back to 5): want strictly increasing", first, second, third)
+	}
+	// A counter ahead of the clock (set by another server, say) goes on by one.
+	ahead := serverMicros(t, r.URL) + 3_600_000_000
+	do(t, r.URL, "SET", redis.FenceKey(name), strconv.FormatInt(ahead, 10))
+	if got := token(t, b, name); got != ahead+1 {
+		t.Errorf("token after a counter of %d = %d, want %d", ahead, got, ahead+1)
+	}
+	// The fence key is no lease key: a name ending in ":fence" is its own lock.
+	if l := locktest.Open(t, r.URL, lock.Options{TTL: 10 * time.Second}); token(t, l, name+":fence") <= 0 {
+		t.Error("no token")
+	}
+	if got := token(t, b, name); got != ahead+2 {
+		t.Errorf("token after another name's acquisition = %d, want %d", got, ahead+2)
+	}
+}
+
+// A server that restarted without its data: the holder's next renewal is a
+// loss, and nobody takes a lock there until the server has been up for ttl;
+// then the token is larger than the lost holder's.
+func TestRestartWithoutData(t *testing.T) {
+	r := testenv.RequireRedis(t)
+	const ttl = 2 * time.Second
+	a, b, name := locktest.Open(t, r.URL, lock.Options{TTL: ttl}), locktest.Open(t, r.URL, lock.Options{TTL: ttl}), locktest.Name(t)
+	la, err := a.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now() // no later than the server's start
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.TryAcquire(locktest.Context(t), name)
+	var remaining interface{ Remaining() time.Duration }
+	if !errors.Is(err, lock.ErrUnsettled) || !errors.Is(err, lock.ErrHeld) || !errors.As(err, &remaining) {
+		t.Fatalf("TryAcquire on a server up for less than ttl: %v; want ErrUnsettled (and ErrHeld) with Remaining", err)
+	}
+	if d := remaining.Remaining(); d <= 0 || d > ttl+time.Second {
+		t.Errorf("Remaining() = %v; want in (0, ttl+1s]", d)
+	}
+	if !strings.Contains(err.Error(), "less than --ttl (2s)") {
+		t.Errorf("message %q does not say why", err)
+	}
+	// The old holder may be reconnecting: the first Keep can fail to reach.
+	for {
+		err := la.Keep(locktest.Context(t))
+		if errors.Is(err, lock.ErrLost) {
+			break
+		}
+		if !errors.Is(err, lock.ErrUnavailable) {
+			t.Fatalf("Keep after the restart: %v; want ErrLost", err)
+		}
+	}
+	var lb lock.Lease
+	for {
+		lb, err = b.TryAcquire(locktest.Context(t), name)
+		if err == nil {
+			break
+		}
+		if !errors.As(err, &remaining) || !errors.Is(err, lock.ErrUnsettled) {
+			t.Fatalf("TryAcquire while the server settles: %v", err)
+		}
+		time.Sleep(min(remaining.Remaining(), 200*time.Millisecond))
+	}
+	defer lb.Release(locktest.Context(t))
+	if up := time.Since(restarted); up < ttl {
+		t.Errorf("acquired %v after the restart; want at least ttl (%v)", up, ttl)
+	}
+	if old, cur := la.(lock.Fenced).Token(), lb.(lock.Fenced).Token(); cur <= old {
+		t.Errorf("token after the restart %d, before %d: want larger", cur, old)
+	}
+}
+
+// FreshKey with the server's run_id lifts the wait; with another run_id
+// (left from an earlier start, say) it does not.
+func TestFreshKey(t *testing.T) {
+	r := testenv.RequireRedis(t)
+	if err := r.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	b, name := locktest.Open(t, r.URL, lock.Options{TTL: time.Minute}), locktest.Name(t)
+	do(t, r.URL, "SET", redis.FreshKey, strings.Repeat("0", 40))
+	if _, err := b.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrUnsettled) {
+		t.Fatalf("TryAcquire with another run_id in %s: %v; want ErrUnsettled", redis.FreshKey, err)
+	}
+	_, after, _ := strings.Cut(do(t, r.URL, "INFO", "server"), "run_id:")
+	runID, _, _ := strings.Cut(after, "\r\n")
+	do(t, r.URL, "SET", redis.FreshKey, runID)
+	l, err := b.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatalf("TryAcquire with the run_id in %s: %v", redis.FreshKey, err)
+	}
+	l.Release(locktest.Context(t))
+}
+
+func TestReplica(t *testing.T) {
+	p := testenv.RequireRedisWithPassword(t, "s3cret-pw")
+	r := testenv.RequireRedisWith(t, testenv.RedisOptions{Password: "s3cret-pw", ReplicaOf: p})
+	name := locktest.Name(t)
+	_, err := locktest.Open(t, r.URL, lock.Options{}).TryAcquire(locktest.Context(t), name)
+	if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), "is a replica (role:slave)") ||
+		!strings.Contains(err.Error(), "point withlock at the primary") {
+		t.Fatalf("TryAcquire on a replica: %v; want ErrRefused saying it is a replica", err)
+	}
+	if got := do(t, p.URL, "EXISTS", redis.Key(name)); got != "0" {
+		t.Errorf("the attempt on the replica left %s on the primary", redis.Key(name))
+	}
+
+	// A failover demotes the server we hold a lease on: a loss.
+	l, err := locktest.Open(t, p.URL, lock.Options{}).TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := testenv.RequireRedisWithPassword(t, "s3cret-pw")
+	do(t, p.URL, "CONFIG", "SET", "masterauth", "s3cret-pw")
+	do(t, p.URL, "REPLICAOF", "127.0.0.1", strconv.Itoa(other.Port))
+	if err := l.Keep(locktest.Context(t)); !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "became a replica") {
+		t.Errorf("Keep on a demoted primary: %v; want ErrLost saying it became a replica", err)
+	}
+}
+
+func TestWaitReplicas(t *testing.T) {
+	p := testenv.RequireRedis(t)
+	r := testenv.RequireRedisWith(t, testenv.RedisOptions{ReplicaOf: p})
+	// Synced: the replica has a write of the primary.
+	do(t, p.URL, "SET", "synced", "1")
+	for do(t, r.URL, "GET", "synced") != "1" {
+		time.Sleep(20 * time.Millisecond)
+	}
+	opts := lock.Options{TTL: 3 * time.Second}
+	b, name := locktest.Open(t, p.URL+"?wait_replicas=1", opts), locktest.Name(t)
+	l, err := b.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatalf("TryAcquire with a replica that acknowledges: %v", err)
+	}
+	if err := l.Keep(locktest.Context(t)); err != nil {
+		t.Errorf("Keep with a replica that acknowledges: %v", err)
+	}
+	if got := do(t, r.URL, "GET", redis.Key(name)); got == "(nil)" {
+		t.Error("the replica does not have the lease")
+	}
+
+	if err := r.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Resume()
+	if err := l.Keep(locktest.Context(t)); !errors.Is(err, lock.ErrUnavailable) || !strings.Contains(err.Error(), "0 of the 1 replicas") {
+		t.Errorf("Keep while the replica does not answer: %v; want ErrUnavailable saying 0 of the 1 replicas", err)
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.TryAcquire(locktest.Context(t), name)
+	if !errors.Is(err, lock.ErrUnavailable) || !strings.Contains(err.Error(), "0 of the 1 replicas") {
+		t.Errorf("TryAcquire while the replica does not answer: %v; want ErrUnavailable saying 0 of the 1 replicas", err)
+	}
+	// The unconfirmed lease was given back.
+	l, err = locktest.Open(t, p.URL, opts).TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatalf("the lease taken without enough replicas was not given back: %v", err)
+	}
+	l.Release(locktest.Context(t))
+
+	for _, bad := range []string{"-1", "x", ""} {
+		if _, err := lock.Open(p.URL+"?wait_replicas="+bad, lock.Options{}); !errors.Is(err, lock.ErrUsage) {
+			t.Errorf("wait_replicas=%q: %v; want ErrUsage", bad, err)
+		}
+	}
+}
+
+// cutter is a TCP proxy in front of a real server that cuts every
+// connection at one step of the protocol, as a flaky network does: just
+// before the client sends the command clientSends (which never reaches the
+// server), or once the server has sent serverBytes bytes. With neither, it
+// is a black hole: it accepts and never answers.
+type cutter struct {
+	ln          net.Listener
+	target      string
+	clientSends string // lower case, as go-redis sends commands
+	serverBytes int    // > 0: cut after this many bytes from the server
+	cuts        atomic.Int32
+}
+
+func newCutter(t *testing.T, target, clientSends string, serverBytes int) *cutter {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cutter{ln: ln, target: target, clientSends: clientSends, serverBytes: serverBytes}
+	var conns sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); conns.Wait() })
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer conns.Done()
+				c.serve(client)
+			}()
+		}
+	}()
+	return c
+}
+
+// addr replaces the host:port of url with the proxy's.
+func (c *cutter) url(u string) string {
+	parsed, _ := url.Parse(u)
+	parsed.Host = c.ln.Addr().String()
+	return parsed.String()
+}
+
+func (c *cutter) serve(client net.Conn) {
+	defer client.Close()
+	if c.clientSends == "" && c.serverBytes == 0 {
+		io.Copy(io.Discard, client) // a black hole, until the client gives up
+		return
+	}
+	server, err := net.Dial("tcp", c.target)
+	if err != nil {
+		return
+	}
+	defer server.Close()
+	cut := func() { c.cuts.Add(1); client.Close(); server.Close() }
+	go func() {
+		var sent int
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := server.Read(buf)
+			if c.serverBytes > 0 && sent+n >= c.serverBytes {
+				client.Write(buf[:c.serverBytes-sent])
+				cut()
+				return
+			}
+			sent += n
+			if _, werr := client.Write(buf[:n]); err != nil || werr != nil {
+				client.Close()
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := client.Read(buf)
+		if c.clientSends != "" && bytes.Contains(bytes.ToLower(buf[:n]), []byte(c.clientSends)) {
+			cut()
+			return
+		}
+		if _, werr := server.Write(buf[:n]); err != nil || werr != nil {
+			return
+		}
+	}
+}
+
+// A connection cut at any step of connecting or locking, or a server that
+// never answers, is ErrUnavailable (retried within --connect-timeout), not a
+// refusal: only an answer from the server refuses us.
+func TestCutConnections(t *testing.T) {
+	plain := testenv.RequireRedisWithPassword(t, "s3cret-pw")
+	secure := testenv.RequireRedisWith(t, testenv.RedisOptions{TLS: true, Password: "s3cret-pw"})
+	addr := func(r *testenv.Redis) string { return "127.0.0.1:" + strconv.Itoa(r.Port) }
+	for _, tc := range []struct {
+		what        string
+		server      *testenv.Redis
+		clientSends string
+		serverBytes int
+		notify      bool // cut the subscription, not the attempt
+	}{
+		{"at HELLO, which authenticates", plain, "hello", 0, false},
+		{"at CLIENT SETNAME", plain, "client", 0, false},
+		{"at the acquire script", plain, "evalsha", 0, false},
+		{"at SUBSCRIBE", plain, "subscribe", 0, true},
+		{"in the middle of the reply to HELLO", plain, "", 20, false},
+		{"a plaintext server that never answers", plain, "", 0, false},
+		{"before the TLS server's first byte", secure, "\x16\x03", 0, false},
+		{"in the middle of the TLS handshake", secure, "", 100, false},
+		{"a TLS server that never answers", secure, "", 0, false},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			c := newCutter(t, addr(tc.server), tc.clientSends, tc.serverBytes)
+			// A short connect timeout bounds the dial and TLS handshake of
+			// a server that never answers; ctx bounds the rest.
+			b := locktest.Open(t, c.url(tc.server.URL), lock.Options{ConnectTimeout: 500 * time.Millisecond})
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			var err error
+			if tc.notify {
+				_, _, err = b.(lock.Notifier).Notify(ctx, locktest.Name(t))
+			} else {
+				_, err = b.TryAcquire(ctx, locktest.Name(t))
+			}
+			if !errors.Is(err, lock.ErrUnavailable) || errors.Is(err, lock.ErrRefused) {
+				t.Errorf("%v; want ErrUnavailable", err)
+			}
+			if tc.clientSends != "" || tc.serverBytes > 0 {
+				if c.cuts.Load() == 0 {
+					t.Error("the proxy cut nothing: the test did not test")
+				}
+			}
+		})
+	}
+
+	// What the server does say is a refusal, at once.
+	for _, tc := range []struct{ what, url, want string }{
+		{"a wrong password", strings.Replace(plain.URL, "s3cret-pw", "wrong", 1), "WRONGPASS"},
+		{"a certificate we do not trust", secure.URL, "certificate"},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			_, err := locktest.Open(t, tc.url, lock.Options{}).TryAcquire(locktest.Context(t), locktest.Name(t))
+			if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%v; want ErrRefused saying %s", err, tc.want)
+			}
+		})
+	}
 }
