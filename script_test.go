@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	osexec "os/exec"
 	"os/signal"
@@ -194,7 +195,8 @@ type freezer interface {
 
 // scriptState is what one script's custom commands share.
 type scriptState struct {
-	server server
+	server  server
+	replica *testenv.Redis // started by "replica start"
 }
 
 type stateKey struct{}
@@ -212,6 +214,9 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			st := &scriptState{}
 			e.Values[stateKey{}] = st
 			e.Defer(func() {
+				if st.replica != nil {
+					st.replica.Close()
+				}
 				if st.server != nil {
 					st.server.Close()
 				}
@@ -244,6 +249,9 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			"signal":     cmdSignal,
 			"sleep":      cmdSleep,
 			"breaklease": cmdBreaklease,
+			"waiters":    cmdWaiters,
+			"replica":    cmdReplica,
+			"nooverlap":  cmdNooverlap,
 		},
 	}
 }
@@ -483,4 +491,97 @@ func cmdSleep(ts *testscript.TestScript, neg bool, args []string) {
 	d, err := time.ParseDuration(args[0])
 	ts.Check(err)
 	time.Sleep(d)
+}
+
+// waiters NAME N waits (up to 30s) until N withlock processes wait for NAME
+// on the server: on Redis, until N clients subscribe to NAME's release
+// channel, which a waiter does after its first attempt found NAME held.
+func cmdWaiters(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: waiters NAME N")
+	}
+	if ts.Getenv("BACKEND") != "redis" {
+		ts.Fatalf("waiters: not for backend %s", ts.Getenv("BACKEND"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		// The reply is the channel and its number of subscribers.
+		reply, err := testenv.RedisDo(ctx, ts.Getenv("DB"), "PUBSUB", "NUMSUB", redis.Channel(args[0]))
+		if ctx.Err() != nil {
+			ts.Fatalf("waiters: not %s waiters for %q within 30s (last: %q, %v)", args[1], args[0], reply, err)
+		}
+		ts.Check(err)
+		if lines := strings.Split(reply, "\n"); lines[len(lines)-1] == args[1] {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// replica start|pause|resume: a Redis replica (replicaof) of the script's
+// own server, with the same password; start sets $REPLICA to its URL. pause
+// freezes it (SIGSTOP), so that it acknowledges nothing.
+func cmdReplica(ts *testscript.TestScript, neg bool, args []string) {
+	st := ts.Value(stateKey{}).(*scriptState)
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: replica start|pause|resume")
+	}
+	primary, ok := st.server.(*testenv.Redis)
+	if !ok {
+		ts.Fatalf("replica: only for Redis scripts")
+	}
+	switch {
+	case args[0] == "start" && st.replica == nil:
+		u, err := url.Parse(primary.URL)
+		ts.Check(err)
+		pw, _ := u.User.Password()
+		r, err := testenv.StartRedisWith(testenv.RedisOptions{Password: pw, ReplicaOf: primary})
+		ts.Check(err)
+		st.replica = r
+		ts.Setenv("REPLICA", r.URL)
+	case args[0] == "pause" && st.replica != nil:
+		ts.Check(st.replica.Pause())
+	case args[0] == "resume" && st.replica != nil:
+		ts.Check(st.replica.Resume())
+	default:
+		ts.Fatalf("usage: replica start|pause|resume (start once, first)")
+	}
+}
+
+// nooverlap LOG checks a log that commands run under one lock append to:
+// "enter TOKEN" when they start, "exit TOKEN" when they end. Every enter must
+// be followed by its own exit before the next enter (no two commands inside
+// at once), and the tokens must grow strictly from one command to the next.
+func cmdNooverlap(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: nooverlap LOG")
+	}
+	data, err := os.ReadFile(ts.MkAbs(args[0]))
+	ts.Check(err)
+	var inside string // the token of the command inside, if any
+	var last int64
+	for i, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		what, tok, _ := strings.Cut(line, " ")
+		switch {
+		case what == "enter" && inside == "":
+			n, err := strconv.ParseInt(tok, 10, 64)
+			if err != nil {
+				ts.Fatalf("%s:%d: token %q is not an integer", args[0], i+1, tok)
+			}
+			if n <= last {
+				ts.Fatalf("%s:%d: token %d after %d: tokens must grow\n%s", args[0], i+1, n, last, data)
+			}
+			inside, last = tok, n
+		case what == "enter":
+			ts.Fatalf("%s:%d: %q entered while %s was inside\n%s", args[0], i+1, tok, inside, data)
+		case what == "exit" && tok == inside:
+			inside = ""
+		default:
+			ts.Fatalf("%s:%d: unexpected %q (inside: %q)\n%s", args[0], i+1, line, inside, data)
+		}
+	}
+	if inside != "" {
+		ts.Fatalf("%s: %s never exited\n%s", args[0], inside, data)
+	}
 }
