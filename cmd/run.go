@@ -86,7 +86,7 @@ not executable/not found; 128+S stopped by signal S while waiting.`,
 	fs.DurationVarP(&f.timeout, "timeout", "t", 0, "give up waiting after this long and exit 75 (default: wait as long as it takes)")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", exitNotAcquired, "exit status when the lock is not acquired (cron: 0)")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", lock.DefaultConnectTimeout, "retry an unreachable backend this long, then exit 69")
-	fs.DurationVar(&f.ttl, "ttl", lock.DefaultTTL, "lease length; the lock is renewed or checked every ttl/3")
+	fs.DurationVar(&f.ttl, "ttl", lock.DefaultTTL, "lease length; the lock is renewed or checked every ttl/3. Use the same --ttl for every user of NAME")
 	fs.DurationVar(&f.killAfter, "kill-after", lock.DefaultGrace, "when the lock is lost, KILL the command this long after TERM; must be shorter than --ttl")
 	fs.StringVar(&f.onLost, "on-lost", "stop", "when the lock is lost: stop (TERM, KILL, exit 70) or ignore (warn, let the command finish)")
 	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep NAME held until this long after acquisition, even if the command ends sooner")

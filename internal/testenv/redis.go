@@ -161,6 +161,8 @@ func (r *Redis) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Ito
 // start writes redis.conf for r.Port and starts the server, waiting until it
 // answers PING (with NOAUTH when it has a password: it is up either way).
 func (r *Redis) start() error {
+	// repl-diskless-sync-delay 0: a replica's first sync starts at once, not
+	// after the default 5s.
 	conf := fmt.Sprintf(`bind 127.0.0.1
 daemonize no
 supervised no
