@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
@@ -14,11 +13,9 @@ import (
 
 func TestConformance(t *testing.T) {
 	r := testenv.RequireRedis(t)
-	locktest.Run(t, func(t *testing.T) lock.Backend { return locktest.Open(t, r.URL, lock.Options{TTL: 2 * time.Second}) }, locktest.Options{})
-	locktest.RunLease(t,
-		func(t *testing.T, ttl time.Duration) lock.Backend {
-			return locktest.Open(t, r.URL, lock.Options{TTL: ttl})
-		},
+	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, r.URL, opts) }
+	locktest.Run(t, open, locktest.Options{})
+	locktest.RunLease(t, open,
 		func(t *testing.T, name string) {
 			if n, err := testenv.RedisDo(locktest.Context(t), r.URL, "DEL", redis.Key(name)); err != nil || n != "1" {
 				t.Fatalf("DEL %s: %q, %v", redis.Key(name), n, err)
