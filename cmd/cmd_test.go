@@ -53,7 +53,7 @@ func TestSplitArgs(t *testing.T) {
 }
 
 func TestExitCode(t *testing.T) {
-	// The errors as they reach exitCode: lock.Acquire's gaveUp joins the
+	// The errors as they reach exitCode: Client.Acquire's gaveUp joins the
 	// cause of the wait's end with the last backend error.
 	gaveUp := func(cause, last error) error { return fmt.Errorf("%w (last: %w)", cause, last) }
 	timedOut := fmt.Errorf("%w after 5s waiting for %q", errTimedOut, "job")
@@ -102,7 +102,9 @@ func TestExitCode(t *testing.T) {
 		{"bad name", lock.CheckName(""), 0, 64},
 		{"bad URL", lock.Errorf(lock.ErrUsage, "unknown scheme %q", "nope"), 0, 64},
 		{"planned backend", lock.Errorf(lock.ErrNotSupported, "the redis:// backend is not supported yet"), 0, 64},
-		{"not implemented", fmt.Errorf("%w: withlock status", errNotYet), 0, 64},
+		{"backend cannot show holders", lock.Errorf(lock.ErrNotSupported, "this backend cannot show who holds a lock yet"), 0, 64},
+		{"release could not break", lock.Errorf(lock.ErrHeld, "held on another host"), 75, 75},
+		{"release not allowed", lock.Errorf(lock.ErrRefused, "permission denied to terminate process"), 75, 69},
 		{"cobra's complaint", errors.New("unknown flag: --frobnicate"), 0, 64},
 		{"cobra's complaint about a value", errors.New(`invalid argument "5x" for "-t, --timeout" flag: time: unknown unit "x" in duration "5x"`), 75, 64},
 	} {

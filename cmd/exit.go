@@ -23,7 +23,6 @@ const (
 var (
 	errUsage    = errors.New("usage")
 	errTimedOut = errors.New("timed out")
-	errNotYet   = errors.New("not implemented yet")
 )
 
 // signalError is the cause of a wait stopped by a signal.

@@ -36,7 +36,7 @@ func Main() int {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	env := &environment{stdout: stdout, stderr: &redactor{w: stderr}, logFormat: logFormatArg(args)}
+	env := &environment{stdout: stdout, stderr: &redactor{w: stderr}, logFormat: logFormatArg(args), conflictCode: exitNotAcquired}
 	root := newRootCmd(env)
 	root.SetArgs(args)
 	err := root.Execute()
@@ -108,28 +108,6 @@ func newVersionCmd(env *environment) *cobra.Command {
 		RunE: func(*cobra.Command, []string) error {
 			fmt.Fprintf(env.stdout, "withlock %s\n", Version())
 			return nil
-		},
-	}
-}
-
-// status and release are reserved: their names are taken now so that no
-// lock name is ever parsed as them later without the run form.
-func newStatusCmd(env *environment) *cobra.Command {
-	return &cobra.Command{
-		Use:   "status [flags] NAME",
-		Short: "Show who holds NAME (not implemented yet)",
-		RunE: func(*cobra.Command, []string) error {
-			return fmt.Errorf("%w: withlock status", errNotYet)
-		},
-	}
-}
-
-func newReleaseCmd(env *environment) *cobra.Command {
-	return &cobra.Command{
-		Use:   "release --force [flags] NAME",
-		Short: "Break NAME's lock, whoever holds it (not implemented yet)",
-		RunE: func(*cobra.Command, []string) error {
-			return fmt.Errorf("%w: withlock release", errNotYet)
 		},
 	}
 }

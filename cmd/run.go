@@ -34,17 +34,15 @@ const examples = `  # Deploy step: run the migration on one host only; the other
 
 // runFlags are the flags of the run form (and of the bare form).
 type runFlags struct {
-	db             string
-	noWait         bool
-	timeout        time.Duration
-	conflictCode   int
-	connectTimeout time.Duration
-	ttl            time.Duration
-	killAfter      time.Duration
-	onLost         string
-	holdAtLeast    time.Duration
-	verbose        bool
-	logFormat      string
+	connFlags
+	noWait       bool
+	timeout      time.Duration
+	conflictCode int
+	ttl          time.Duration
+	killAfter    time.Duration // zero: lock's default, 5s or ttl/3 when shorter
+	killAfterSet bool
+	onLost       string
+	holdAtLeast  time.Duration
 }
 
 func newRunCmd(env *environment, use string) *cobra.Command {
@@ -70,28 +68,27 @@ not executable/not found; 128+S stopped by signal S while waiting.`,
 		SilenceUsage:  true,
 		// Flags may come before or after NAME; "--" ends them.
 		RunE: func(c *cobra.Command, args []string) error {
-			env.verbose, env.logFormat, env.conflictCode = f.verbose, f.logFormat, f.conflictCode
+			f.setEnv(env)
+			env.conflictCode = f.conflictCode
 			name, argv, err := splitArgs(args, c.ArgsLenAtDash())
 			if err != nil {
 				return err
 			}
+			f.killAfterSet = c.Flags().Changed("kill-after")
 			status, err := runLocked(env, f, name, argv)
 			env.status = status
 			return err
 		},
 	}
 	fs := c.Flags()
-	fs.StringVar(&f.db, "db", "", "backend URL (default $WITHLOCK_DB, else $PG_CONNECTION_STRING)")
+	f.connFlags.register(fs)
 	fs.BoolVarP(&f.noWait, "no-wait", "n", false, "make one attempt; if NAME is held elsewhere, exit 75")
 	fs.DurationVarP(&f.timeout, "timeout", "t", 0, "give up waiting after this long and exit 75 (default: wait as long as it takes)")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", exitNotAcquired, "exit status when the lock is not acquired (cron: 0)")
-	fs.DurationVar(&f.connectTimeout, "connect-timeout", lock.DefaultConnectTimeout, "retry an unreachable backend this long, then exit 69")
 	fs.DurationVar(&f.ttl, "ttl", lock.DefaultTTL, "lease length; the lock is renewed or checked every ttl/3. Use the same --ttl for every user of NAME")
-	fs.DurationVar(&f.killAfter, "kill-after", lock.DefaultGrace, "when the lock is lost, KILL the command this long after TERM; must be shorter than --ttl")
+	fs.DurationVar(&f.killAfter, "kill-after", 0, "when the lock is lost, KILL the command this long after TERM (default 5s, or ttl/3 when shorter); must be shorter than --ttl")
 	fs.StringVar(&f.onLost, "on-lost", "stop", "when the lock is lost: stop (TERM, KILL, exit 70) or ignore (warn, let the command finish)")
 	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep NAME held until this long after acquisition, even if the command ends sooner")
-	fs.BoolVarP(&f.verbose, "verbose", "v", false, "say what withlock does and how long each step takes")
-	fs.StringVar(&f.logFormat, "log-format", "text", "format of withlock's own messages on stderr: text or json")
 	return c
 }
 
@@ -122,33 +119,22 @@ func splitArgs(args []string, dash int) (string, []string, error) {
 
 // check validates the flags that cobra cannot.
 func (f *runFlags) check() error {
+	if err := f.connFlags.check(); err != nil {
+		return err
+	}
 	switch {
-	case f.logFormat != "text" && f.logFormat != "json":
-		return usagef("--log-format is text or json, not %q", f.logFormat)
 	case f.onLost != "stop" && f.onLost != "ignore":
 		return usagef("--on-lost is stop or ignore, not %q", f.onLost)
 	case f.conflictCode < 0 || f.conflictCode > 255:
 		return usagef("--conflict-exit-code must be 0-255")
 	case f.timeout < 0 || f.holdAtLeast < 0:
 		return usagef("durations cannot be negative")
-	case f.connectTimeout <= 0:
-		return usagef("--connect-timeout must be positive")
-	case f.ttl <= 0 || f.killAfter <= 0:
+	case f.ttl <= 0 || f.killAfter < 0 || f.killAfterSet && f.killAfter == 0:
 		return usagef("--ttl and --kill-after must be positive")
 	case f.killAfter >= f.ttl:
 		return usagef("--kill-after (%s) must be shorter than --ttl (%s), so the command is gone before the lease can expire", f.killAfter, f.ttl)
 	}
 	return nil
-}
-
-// backendURL picks the URL by the SPEC's order of precedence.
-func (f *runFlags) backendURL() (string, error) {
-	for _, u := range []string{f.db, os.Getenv("WITHLOCK_DB"), os.Getenv("PG_CONNECTION_STRING")} {
-		if u != "" {
-			return u, nil
-		}
-	}
-	return "", usagef("no backend: give --db URL, or set $WITHLOCK_DB or $PG_CONNECTION_STRING (for one host: --db file:///var/lock/withlock)")
 }
 
 // stopsWait reports whether sig, arriving while we wait for the lock, ends
@@ -171,11 +157,10 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 	if err := lock.CheckName(name); err != nil {
 		return 0, err
 	}
-	dbURL, err := f.backendURL()
+	dbURL, err := f.backendURL(env)
 	if err != nil {
 		return 0, err
 	}
-	env.stderr.secrets = urlSecrets(dbURL)
 	log := env.logger()
 
 	// Signals are caught from here on: while waiting they end the wait,
@@ -193,13 +178,13 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 		Holder:         lock.Holder{Host: lock.Hostname(), PID: os.Getpid(), Command: argv},
 		Log:            log,
 	}
-	backend, err := lock.Open(dbURL, opts)
+	client, err := lock.Open(dbURL, opts)
 	if err != nil {
 		return 0, err
 	}
-	defer backend.Close()
+	defer client.Close()
 
-	held, err := acquire(backend, name, opts, f.timeout, sigs)
+	held, err := acquire(client, name, f.timeout, sigs)
 	if err != nil {
 		return 0, err
 	}
@@ -226,7 +211,7 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 			}
 			log.Error(fmt.Sprintf("lost the lock %q: %v; stopping the command", name, held.Err()))
 			stopped = true
-			go proc.Stop(f.killAfter)
+			go proc.Stop(client.Options().Grace)
 		case <-proc.Done():
 			status := proc.ExitCode()
 			log.Debug("command exited", "status", status)
@@ -250,7 +235,7 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 }
 
 // acquire waits for the lock, giving up at the timeout or at a signal.
-func acquire(b lock.Backend, name string, opts lock.Options, timeout time.Duration, sigs <-chan os.Signal) (*lock.Held, error) {
+func acquire(c *lock.Client, name string, timeout time.Duration, sigs <-chan os.Signal) (*lock.Held, error) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	if timeout > 0 {
@@ -264,7 +249,7 @@ func acquire(b lock.Backend, name string, opts lock.Options, timeout time.Durati
 	}
 	done := make(chan result, 1)
 	go func() {
-		h, err := lock.Acquire(ctx, b, name, opts)
+		h, err := c.Acquire(ctx, name)
 		done <- result{h, err}
 	}()
 	for {
@@ -279,11 +264,11 @@ func acquire(b lock.Backend, name string, opts lock.Options, timeout time.Durati
 				r.held.Release(context.Background())
 				return nil, context.Cause(ctx)
 			}
-			switch {
-			case errors.Is(r.err, lock.ErrUnsettled) && opts.NoWait:
+			switch noWait := c.Options().NoWait; {
+			case errors.Is(r.err, lock.ErrUnsettled) && noWait:
 				// Perhaps held, perhaps not: say what the backend knows.
 				r.err = lock.Errorf(lock.ErrHeld, "%q not acquired: %v (--no-wait)", name, r.err)
-			case errors.Is(r.err, lock.ErrHeld) && opts.NoWait:
+			case errors.Is(r.err, lock.ErrHeld) && noWait:
 				r.err = lock.Errorf(lock.ErrHeld, "%q is held elsewhere (--no-wait)", name)
 			}
 			return r.held, r.err

@@ -4,16 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"time"
-)
-
-// Defaults for the zero values of Options.
-const (
-	DefaultTTL            = 15 * time.Second
-	DefaultGrace          = 5 * time.Second
-	DefaultConnectTimeout = 15 * time.Second
 )
 
 // pollInterval is how often Acquire retries a held lock on a backend that
@@ -24,60 +16,20 @@ const (
 	slowPoll     = time.Second
 )
 
-// Options says how to take and keep a lock. The zero value means: wait as
-// long as it takes, the default TTL, grace and connect timeout.
-type Options struct {
-	// NoWait makes Acquire give up with ErrHeld after one attempt.
-	NoWait bool
-	// ConnectTimeout bounds how long Acquire retries an unreachable
-	// backend, counted from the first failure of a run of failures.
-	ConnectTimeout time.Duration
-	// TTL is the lease length. The lock is kept (renewed or checked) every
-	// TTL/3.
-	TTL time.Duration
-	// Grace is how long before the lease could run out the holder is told
-	// that the lock is lost when the backend stops answering, so that it
-	// has Grace to stop its work: Lost closes once no Keep has succeeded
-	// for TTL-Grace. It must be shorter than TTL.
-	Grace time.Duration
-	// HoldAtLeast keeps the lock until this long after acquisition, even
-	// when Release is called earlier.
-	HoldAtLeast time.Duration
-	// Holder is recorded with the lock where the backend can.
-	Holder Holder
-	// Log receives Debug lines about each step and Warn lines about
-	// trouble that does not end the lock. Nil discards them.
-	Log *slog.Logger
-}
-
-func (o Options) withDefaults() Options {
-	if o.ConnectTimeout <= 0 {
-		o.ConnectTimeout = DefaultConnectTimeout
-	}
-	if o.TTL <= 0 {
-		o.TTL = DefaultTTL
-	}
-	if o.Grace <= 0 {
-		o.Grace = DefaultGrace
-	}
-	if o.Log == nil {
-		o.Log = slog.New(slog.DiscardHandler)
-	}
-	return o
-}
-
-// Acquire takes the lock name through b, waiting as long as opts allow and
-// ctx lasts. Unreachable-backend errors are retried with backoff and jitter
-// for up to opts.ConnectTimeout; a refusal is returned at once.
+// Acquire takes the lock name, waiting as long as the Client's Options
+// allow and ctx lasts. Unreachable-backend errors are retried with backoff
+// and jitter for up to ConnectTimeout; a refusal is returned at once.
 //
 // When ctx ends first, the error wraps context.Cause(ctx) and the last
-// backend error, so that errors.Is sees both the cause and ErrHeld or
-// ErrUnavailable. Nothing is left held when Acquire fails.
-func Acquire(ctx context.Context, b Backend, name string, opts Options) (*Held, error) {
+// failure the backend reported, so that errors.Is sees both the cause and
+// ErrHeld or ErrUnavailable. An attempt that ctx itself cut short reports
+// nothing: a slow but healthy server is not an unavailable one. Nothing is
+// left held when Acquire fails.
+func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults()
+	b, opts := c.Backend, c.opts
 	log := opts.Log.With("lock", name)
 	waiter, canWait := b.(Waiter)
 	notifier, canNotify := b.(Notifier)
@@ -116,7 +68,11 @@ func Acquire(ctx context.Context, b Backend, name string, opts Options) (*Held, 
 			return newHeld(name, lease, confirmed, opts), nil
 		}
 		if ctx.Err() != nil {
-			if errors.Is(err, ErrUnavailable) || lastErr == nil && errors.Is(err, ErrHeld) {
+			// ctx ended during the attempt. An ErrUnavailable now is most
+			// likely the attempt being cut off (a connection still being
+			// set up), not a failure the server showed; only an answer
+			// ("held") is worth reporting.
+			if lastErr == nil && errors.Is(err, ErrHeld) {
 				lastErr = err
 			}
 			return nil, gaveUp(ctx, lastErr)
@@ -153,11 +109,10 @@ func Acquire(ctx context.Context, b Backend, name string, opts Options) (*Held, 
 					break
 				}
 				pause = slowPoll
-				var e interface{ Remaining() time.Duration }
-				if errors.As(err, &e) && e.Remaining() < pause {
-					// The holder's lease runs out first: be there when it does.
-					pause = max(e.Remaining(), time.Millisecond)
-				}
+			}
+			if left, ok := Remaining(err); ok && left < pause {
+				// The holder's lease runs out first: be there when it does.
+				pause = max(left, time.Millisecond)
 			}
 		case errors.Is(err, ErrUnavailable):
 			now := time.Now()

@@ -111,10 +111,10 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// acquire runs lock.Acquire and releases what it got when t ends.
+// acquire runs Client.Acquire and releases what it got when t ends.
 func acquire(t *testing.T, ctx context.Context, b lock.Backend, opts lock.Options) (*lock.Held, error) {
 	t.Helper()
-	h, err := lock.Acquire(ctx, b, "job", opts)
+	h, err := lock.NewClient(b, opts).Acquire(ctx, "job")
 	if err == nil {
 		t.Cleanup(func() {
 			// Bounded, so that a Release that hangs fails the test
@@ -299,12 +299,16 @@ func TestAcquireCancelled(t *testing.T) {
 		// cancels; if -1, the test cancels after the second attempt, while
 		// Acquire pauses or makes the next one.
 		cancelIn int
+		// want is the backend error the result must match; nil for an
+		// unreachable backend's only attempt, which the cancel cut short
+		// (a slow server is not an unavailable one: exit 75, not 69).
+		want error
 	}{
-		{"held, cancelled in an attempt", errHeld, 2},
-		{"held, cancelled between attempts", errHeld, -1},
-		{"unreachable, cancelled in the first attempt", errUnreachable, 0},
-		{"unreachable, cancelled in a later attempt", errUnreachable, 2},
-		{"unreachable, cancelled between attempts", errUnreachable, -1},
+		{"held, cancelled in an attempt", errHeld, 2, errHeld},
+		{"held, cancelled between attempts", errHeld, -1, errHeld},
+		{"unreachable, cancelled in the first attempt", errUnreachable, 0, nil},
+		{"unreachable, cancelled in a later attempt", errUnreachable, 2, errUnreachable},
+		{"unreachable, cancelled between attempts", errUnreachable, -1, errUnreachable},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			cause := errors.New("test: stopped by a signal")
@@ -338,8 +342,11 @@ func TestAcquireCancelled(t *testing.T) {
 			if !errors.Is(err, cause) {
 				t.Errorf("Acquire: %v; want an error matching the cancel cause", err)
 			}
-			if !errors.Is(err, tc.err) {
-				t.Errorf("Acquire: %v; want an error matching the last backend error, %v", err, tc.err)
+			if tc.want != nil && !errors.Is(err, tc.want) {
+				t.Errorf("Acquire: %v; want an error matching the last backend error, %v", err, tc.want)
+			}
+			if tc.want == nil && errors.Is(err, lock.ErrUnavailable) {
+				t.Errorf("Acquire: %v; an attempt cut short by the cancel is not a sign of an unavailable backend", err)
 			}
 			if strings.Contains(err.Error(), "\n") {
 				t.Errorf("Acquire: %q is more than one line", err)
@@ -363,7 +370,7 @@ func TestCheckName(t *testing.T) {
 
 func TestAcquireChecksName(t *testing.T) {
 	b := &script{answer: always(nil)}
-	_, err := lock.Acquire(testCtx(t), b, "", lock.Options{})
+	_, err := lock.NewClient(b, lock.Options{}).Acquire(testCtx(t), "")
 	if !errors.Is(err, lock.ErrUsage) {
 		t.Errorf("Acquire with an empty name: %v; want an error matching lock.ErrUsage", err)
 	}
@@ -458,4 +465,49 @@ func TestRegisterTwicePanics(t *testing.T) {
 		}
 	}()
 	lock.Register(scheme, open)
+}
+
+func TestRegisterNilPanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Errorf("registering a nil Opener did not panic")
+		}
+	}()
+	lock.Register(freshScheme("test-nil"), nil)
+}
+
+// TestOpenOptions: one Options value, defaulted once, reaches the backend
+// and the Client alike; options that cannot work are refused before any
+// backend is opened.
+func TestOpenOptions(t *testing.T) {
+	scheme := freshScheme("test-opts")
+	var got lock.Options
+	lock.Register(scheme, func(_ *url.URL, opts lock.Options) (lock.Backend, error) {
+		got = opts
+		return &script{answer: always(nil)}, nil
+	})
+	c, err := lock.Open(scheme+"://x", lock.Options{TTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Grace != time.Second || c.Options().Grace != time.Second {
+		t.Errorf("Grace with TTL 3s: backend %v, client %v; want ttl/3 = 1s", got.Grace, c.Options().Grace)
+	}
+	if got.TTL != c.Options().TTL || got.Mode != lock.Exclusive {
+		t.Errorf("backend got %+v, client has %+v", got, c.Options())
+	}
+	if c, _ := lock.Open(scheme+"://x", lock.Options{}); c.Options().Grace != lock.DefaultGrace {
+		t.Errorf("default Grace %v, want %v", c.Options().Grace, lock.DefaultGrace)
+	}
+	for _, bad := range []lock.Options{
+		{TTL: time.Second, Grace: time.Second},
+		{Mode: lock.Shared}, // until the backends have it
+		{Mode: "sometimes"},
+		{Mode: lock.Semaphore},
+		{Mode: lock.Shared, MaxHolders: 2},
+	} {
+		if _, err := lock.Open(scheme+"://x", bad); !errors.Is(err, lock.ErrUsage) {
+			t.Errorf("Open with %+v: %v; want ErrUsage", bad, err)
+		}
+	}
 }

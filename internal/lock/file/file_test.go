@@ -17,8 +17,8 @@ import (
 
 func TestConformance(t *testing.T) {
 	dir := t.TempDir()
-	locktest.Run(t, func(t *testing.T) lock.Backend {
-		return locktest.Open(t, "file://"+dir, lock.Options{})
+	locktest.Run(t, func(t *testing.T, opts lock.Options) *lock.Client {
+		return locktest.Open(t, "file://"+dir, opts)
 	}, locktest.Options{Session: true})
 }
 
@@ -156,8 +156,8 @@ func TestRemovedFileIsLost(t *testing.T) {
 // TestRemovedFileLosesHeld: the keeper loop notices the removal by itself.
 func TestRemovedFileLosesHeld(t *testing.T) {
 	dir := t.TempDir()
-	b := locktest.Open(t, "file://"+dir, lock.Options{})
-	h, err := lock.Acquire(locktest.Context(t), b, "job", lock.Options{TTL: 300 * time.Millisecond, Grace: 100 * time.Millisecond})
+	b := locktest.Open(t, "file://"+dir, lock.Options{TTL: 300 * time.Millisecond, Grace: 100 * time.Millisecond})
+	h, err := b.Acquire(locktest.Context(t), "job")
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}

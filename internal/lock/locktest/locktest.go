@@ -31,11 +31,14 @@ type Options struct {
 	Session bool
 }
 
-// Run runs the suite. Each call of open must return a new Backend on the
-// same lock space, not connected to any other: two calls are two
-// independent clients, as two withlock processes would be. open closes the
-// Backend through t.Cleanup.
-func Run(t *testing.T, open func(t *testing.T) lock.Backend, opts Options) {
+// OpenFunc returns a new Client with opts on the lock space under test, not
+// connected to any other: two calls are two independent clients, as two
+// withlock processes would be. It closes the Client through t.Cleanup
+// (Open does both).
+type OpenFunc func(t *testing.T, opts lock.Options) *lock.Client
+
+// Run runs the suite.
+func Run(t *testing.T, open OpenFunc, opts Options) {
 	t.Run("TryAcquireFree", func(t *testing.T) { testTryAcquireFree(t, open) })
 	t.Run("HeldExcludes", func(t *testing.T) { testHeldExcludes(t, open) })
 	t.Run("NamesDiffer", func(t *testing.T) { testNamesDiffer(t, open) })
@@ -48,6 +51,7 @@ func Run(t *testing.T, open func(t *testing.T) lock.Backend, opts Options) {
 	t.Run("WaiterGetsFreedLock", func(t *testing.T) { testWaiterGetsFreedLock(t, open) })
 	t.Run("WaiterCancelled", func(t *testing.T) { testWaiterCancelled(t, open) })
 	t.Run("AcquireHolds", func(t *testing.T) { testAcquireHolds(t, open) })
+	t.Run("HeldBeyondTTL", func(t *testing.T) { testHeldBeyondTTL(t, open) })
 	t.Run("AcquireNoWait", func(t *testing.T) { testAcquireNoWait(t, open) })
 	t.Run("AcquireTimeout", func(t *testing.T) { testAcquireTimeout(t, open) })
 }
@@ -72,9 +76,9 @@ func Context(t *testing.T) context.Context {
 	return ctx
 }
 
-// Open opens a Backend for url, closed (and its Close checked) when t ends.
+// Open opens a Client for url, closed (and its Close checked) when t ends.
 // A zero opts.Holder becomes this test process.
-func Open(t *testing.T, url string, opts lock.Options) lock.Backend {
+func Open(t *testing.T, url string, opts lock.Options) *lock.Client {
 	t.Helper()
 	if opts.Holder.PID == 0 {
 		opts.Holder = lock.Holder{Host: "test", PID: os.Getpid(), Command: []string{"true"}}
@@ -141,8 +145,8 @@ func mustRelease(t *testing.T, l lock.Lease) {
 	}
 }
 
-func testTryAcquireFree(t *testing.T, open func(*testing.T) lock.Backend) {
-	a := open(t)
+func testTryAcquireFree(t *testing.T, open OpenFunc) {
+	a := open(t, lock.Options{})
 	name := Name(t)
 	l := mustTry(t, a, name)
 	if err := l.Keep(Context(t)); err != nil {
@@ -161,8 +165,8 @@ func testTryAcquireFree(t *testing.T, open func(*testing.T) lock.Backend) {
 	mustRelease(t, mustTry(t, a, name))
 }
 
-func testHeldExcludes(t *testing.T, open func(*testing.T) lock.Backend) {
-	a, b := open(t), open(t)
+func testHeldExcludes(t *testing.T, open OpenFunc) {
+	a, b := open(t, lock.Options{}), open(t, lock.Options{})
 	name := Name(t)
 	la := mustTry(t, a, name)
 	mustBeHeld(t, b, name)
@@ -172,7 +176,7 @@ func testHeldExcludes(t *testing.T, open func(*testing.T) lock.Backend) {
 	mustRelease(t, lb)
 }
 
-func testNamesDiffer(t *testing.T, open func(*testing.T) lock.Backend) {
+func testNamesDiffer(t *testing.T, open OpenFunc) {
 	// long returns prefix padded with x to n bytes, ending in last.
 	long := func(prefix string, n int, last string) string {
 		return prefix + strings.Repeat("x", n-len(prefix)-len(last)) + last
@@ -209,7 +213,7 @@ func testNamesDiffer(t *testing.T, open func(*testing.T) lock.Backend) {
 					t.Fatalf("bad test: %q: %v", n, err)
 				}
 			}
-			a, b, c := open(t), open(t), open(t)
+			a, b, c := open(t, lock.Options{}), open(t, lock.Options{}), open(t, lock.Options{})
 			lx := mustTry(t, a, x)
 			mustBeHeld(t, c, x)
 			ly := mustTry(t, b, y)
@@ -224,8 +228,8 @@ func suffix(s string) func(string) string {
 	return func(prefix string) string { return prefix + s }
 }
 
-func testCloseFrees(t *testing.T, open func(*testing.T) lock.Backend) {
-	a, b := open(t), open(t)
+func testCloseFrees(t *testing.T, open OpenFunc) {
+	a, b := open(t, lock.Options{}), open(t, lock.Options{})
 	name := Name(t)
 	mustTry(t, a, name)
 	if err := a.Close(); err != nil {
@@ -235,7 +239,7 @@ func testCloseFrees(t *testing.T, open func(*testing.T) lock.Backend) {
 	// (Acquire) rather than trying once.
 	ctx, cancel := context.WithTimeout(Context(t), 10*time.Second)
 	defer cancel()
-	h, err := lock.Acquire(ctx, b, name, lock.Options{})
+	h, err := b.Acquire(ctx, name)
 	if err != nil {
 		t.Fatalf("after the holder's Backend was closed, another client could not take the lock within 10s: %v", err)
 	}
@@ -279,9 +283,9 @@ func mustBlock(t *testing.T, c <-chan result, what string) {
 	}
 }
 
-func testWaiterGetsFreedLock(t *testing.T, open func(*testing.T) lock.Backend) {
-	a, b, c := open(t), open(t), open(t)
-	w, ok := b.(lock.Waiter)
+func testWaiterGetsFreedLock(t *testing.T, open OpenFunc) {
+	a, b, c := open(t, lock.Options{}), open(t, lock.Options{}), open(t, lock.Options{})
+	w, ok := b.Backend.(lock.Waiter)
 	if !ok {
 		t.Skip("the backend is not a lock.Waiter")
 	}
@@ -309,9 +313,9 @@ func testWaiterGetsFreedLock(t *testing.T, open func(*testing.T) lock.Backend) {
 	mustRelease(t, mustTry(t, c, name))
 }
 
-func testWaiterCancelled(t *testing.T, open func(*testing.T) lock.Backend) {
-	a, b, c := open(t), open(t), open(t)
-	w, ok := b.(lock.Waiter)
+func testWaiterCancelled(t *testing.T, open OpenFunc) {
+	a, b, c := open(t, lock.Options{}), open(t, lock.Options{}), open(t, lock.Options{})
+	w, ok := b.Backend.(lock.Waiter)
 	if !ok {
 		t.Skip("the backend is not a lock.Waiter")
 	}
@@ -344,12 +348,12 @@ func testWaiterCancelled(t *testing.T, open func(*testing.T) lock.Backend) {
 	mustRelease(t, mustTrySoon(t, b, name))
 }
 
-func testAcquireHolds(t *testing.T, open func(*testing.T) lock.Backend) {
-	a, b := open(t), open(t)
+func testAcquireHolds(t *testing.T, open OpenFunc) {
+	a, b := open(t, lock.Options{}), open(t, lock.Options{})
 	name := Name(t)
-	h, err := lock.Acquire(Context(t), a, name, lock.Options{})
+	h, err := a.Acquire(Context(t), name)
 	if err != nil {
-		t.Fatalf("lock.Acquire of a free lock: %v", err)
+		t.Fatalf("Acquire of a free lock: %v", err)
 	}
 	select {
 	case <-h.Lost():
@@ -363,34 +367,58 @@ func testAcquireHolds(t *testing.T, open func(*testing.T) lock.Backend) {
 	mustRelease(t, mustTry(t, b, name))
 }
 
-func testAcquireNoWait(t *testing.T, open func(*testing.T) lock.Backend) {
-	a, b := open(t), open(t)
+// testHeldBeyondTTL: a lock taken through Acquire is kept (renewed, or its
+// session checked) with the lease length it was taken with, so it outlives
+// that length several times over and still excludes others.
+func testHeldBeyondTTL(t *testing.T, open OpenFunc) {
+	const ttl = 900 * time.Millisecond
+	a, b := open(t, lock.Options{TTL: ttl}), open(t, lock.Options{})
+	name := Name(t)
+	h, err := a.Acquire(Context(t), name)
+	if err != nil {
+		t.Fatalf("Acquire of a free lock: %v", err)
+	}
+	// Holding for three lease lengths is the point of this test.
+	select {
+	case <-h.Lost():
+		t.Fatalf("lost within 3 ttl of %v: %v", ttl, h.Err())
+	case <-time.After(3 * ttl):
+	}
+	mustBeHeld(t, b, name)
+	if err := h.Release(Context(t)); err != nil {
+		t.Fatalf("Held.Release: %v", err)
+	}
+	mustRelease(t, mustTry(t, b, name))
+}
+
+func testAcquireNoWait(t *testing.T, open OpenFunc) {
+	a, b := open(t, lock.Options{}), open(t, lock.Options{NoWait: true})
 	name := Name(t)
 	la := mustTry(t, a, name)
-	h, err := lock.Acquire(Context(t), b, name, lock.Options{NoWait: true})
+	h, err := b.Acquire(Context(t), name)
 	if err == nil {
 		h.Release(Context(t))
-		t.Fatal("lock.Acquire with NoWait took a held lock")
+		t.Fatal("Acquire with NoWait took a held lock")
 	}
 	if !errors.Is(err, lock.ErrHeld) {
-		t.Errorf("lock.Acquire with NoWait on a held lock: %v; want an error matching lock.ErrHeld", err)
+		t.Errorf("Acquire with NoWait on a held lock: %v; want an error matching lock.ErrHeld", err)
 	}
 	mustRelease(t, la)
 }
 
-func testAcquireTimeout(t *testing.T, open func(*testing.T) lock.Backend) {
-	a, b, c := open(t), open(t), open(t)
+func testAcquireTimeout(t *testing.T, open OpenFunc) {
+	a, b, c := open(t, lock.Options{}), open(t, lock.Options{}), open(t, lock.Options{})
 	name := Name(t)
 	la := mustTry(t, a, name)
 	ctx, cancel := context.WithTimeout(Context(t), 300*time.Millisecond)
 	defer cancel()
-	h, err := lock.Acquire(ctx, b, name, lock.Options{})
+	h, err := b.Acquire(ctx, name)
 	if err == nil {
 		h.Release(Context(t))
-		t.Fatal("lock.Acquire took a held lock")
+		t.Fatal("Acquire took a held lock")
 	}
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("lock.Acquire that timed out: %v; want an error matching context.DeadlineExceeded", err)
+		t.Errorf("Acquire that timed out: %v; want an error matching context.DeadlineExceeded", err)
 	}
 	mustRelease(t, la)
 	mustRelease(t, mustTrySoon(t, c, name))
@@ -413,11 +441,14 @@ func BenchRoundTrip(b *testing.B, bk lock.Backend) {
 
 // RunLease runs what every lease backend must do besides Run: fencing
 // tokens that grow, a lease deleted behind its holder's back, and expiry by
-// the server's clock. open returns a new client whose leases last ttl;
-// breakLease deletes name's lease directly on the server.
-func RunLease(t *testing.T, open func(t *testing.T, ttl time.Duration) lock.Backend, breakLease func(t *testing.T, name string)) {
+// the server's clock. breakLease deletes name's lease directly on the
+// server.
+func RunLease(t *testing.T, open OpenFunc, breakLease func(t *testing.T, name string)) {
+	withTTL := func(t *testing.T, ttl time.Duration) lock.Backend {
+		return open(t, lock.Options{TTL: ttl})
+	}
 	t.Run("FenceGrows", func(t *testing.T) {
-		b, name := open(t, 10*time.Second), Name(t)
+		b, name := withTTL(t, 10*time.Second), Name(t)
 		var last int64
 		for i := 0; i < 3; i++ {
 			l := mustTry(t, b, name)
@@ -433,7 +464,7 @@ func RunLease(t *testing.T, open func(t *testing.T, ttl time.Duration) lock.Back
 		}
 	})
 	t.Run("Broken", func(t *testing.T) {
-		a, b, name := open(t, 10*time.Second), open(t, 10*time.Second), Name(t)
+		a, b, name := withTTL(t, 10*time.Second), withTTL(t, 10*time.Second), Name(t)
 		la := mustTry(t, a, name)
 		breakLease(t, name)
 		if err := la.Keep(Context(t)); !errors.Is(err, lock.ErrLost) {
@@ -449,15 +480,15 @@ func RunLease(t *testing.T, open func(t *testing.T, ttl time.Duration) lock.Back
 	})
 	t.Run("Expires", func(t *testing.T) {
 		const ttl = 500 * time.Millisecond
-		a, b, name := open(t, ttl), open(t, 10*time.Second), Name(t)
+		a, b, name := withTTL(t, ttl), withTTL(t, 10*time.Second), Name(t)
 		la := mustTry(t, a, name)
 		_, err := b.TryAcquire(Context(t), name)
-		var remaining interface{ Remaining() time.Duration }
-		if !errors.Is(err, lock.ErrHeld) || !errors.As(err, &remaining) {
-			t.Fatalf("TryAcquire of a live lease: %v; want ErrHeld with Remaining", err)
+		d, ok := lock.Remaining(err)
+		if !errors.Is(err, lock.ErrHeld) || !ok {
+			t.Fatalf("TryAcquire of a live lease: %v; want ErrHeld made by lock.HeldFor", err)
 		}
-		if d := remaining.Remaining(); d <= 0 || d > ttl {
-			t.Errorf("Remaining() = %v; want in (0, %v]", d, ttl)
+		if d <= 0 || d > ttl {
+			t.Errorf("lock.Remaining = %v; want in (0, %v]", d, ttl)
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for {

@@ -30,11 +30,9 @@ func locks(t *testing.T, url string) *mongo.Collection {
 
 func TestConformance(t *testing.T) {
 	m := testenv.RequireMongo(t)
-	locktest.Run(t, func(t *testing.T) lock.Backend { return locktest.Open(t, m.URL, lock.Options{TTL: 2 * time.Second}) }, locktest.Options{})
-	locktest.RunLease(t,
-		func(t *testing.T, ttl time.Duration) lock.Backend {
-			return locktest.Open(t, m.URL, lock.Options{TTL: ttl})
-		},
+	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, m.URL, opts) }
+	locktest.Run(t, open, locktest.Options{})
+	locktest.RunLease(t, open,
 		func(t *testing.T, name string) {
 			res, err := locks(t, m.URL).DeleteOne(locktest.Context(t), bson.D{{Key: "_id", Value: name}})
 			if err != nil || res.DeletedCount != 1 {

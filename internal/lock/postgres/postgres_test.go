@@ -40,8 +40,8 @@ func query(t *testing.T, dbURL, sql string) string {
 
 func TestConformance(t *testing.T) {
 	db := database(t, testenv.RequirePostgres(t))
-	locktest.Run(t, func(t *testing.T) lock.Backend {
-		return locktest.Open(t, db, lock.Options{})
+	locktest.Run(t, func(t *testing.T, opts lock.Options) *lock.Client {
+		return locktest.Open(t, db, opts)
 	}, locktest.Options{Session: true})
 }
 
@@ -142,7 +142,7 @@ func TestKeepAfterTerminate(t *testing.T) {
 func TestHeldNoticesTerminate(t *testing.T) {
 	db := database(t, testenv.RequirePostgres(t))
 	opts := lock.Options{TTL: time.Minute}
-	h, err := lock.Acquire(locktest.Context(t), locktest.Open(t, db, opts), "job", opts)
+	h, err := locktest.Open(t, db, opts).Acquire(locktest.Context(t), "job")
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
@@ -216,7 +216,7 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-// TestRefusedAtOnce: lock.Acquire does not retry a refusal for the
+// TestRefusedAtOnce: Client.Acquire does not retry a refusal for the
 // connect timeout.
 func TestRefusedAtOnce(t *testing.T) {
 	p := testenv.RequirePostgres(t)
@@ -224,7 +224,7 @@ func TestRefusedAtOnce(t *testing.T) {
 	u.Path = "/no_such_db"
 	opts := lock.Options{ConnectTimeout: time.Hour}
 	start := time.Now()
-	_, err := lock.Acquire(locktest.Context(t), locktest.Open(t, u.String(), opts), "job", opts)
+	_, err := locktest.Open(t, u.String(), opts).Acquire(locktest.Context(t), "job")
 	if !errors.Is(err, lock.ErrRefused) {
 		t.Errorf("Acquire: %v; want an error matching lock.ErrRefused", err)
 	}

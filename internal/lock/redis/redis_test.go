@@ -22,11 +22,9 @@ import (
 
 func TestConformance(t *testing.T) {
 	r := testenv.RequireRedis(t)
-	locktest.Run(t, func(t *testing.T) lock.Backend { return locktest.Open(t, r.URL, lock.Options{TTL: 2 * time.Second}) }, locktest.Options{})
-	locktest.RunLease(t,
-		func(t *testing.T, ttl time.Duration) lock.Backend {
-			return locktest.Open(t, r.URL, lock.Options{TTL: ttl})
-		},
+	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, r.URL, opts) }
+	locktest.Run(t, open, locktest.Options{})
+	locktest.RunLease(t, open,
 		func(t *testing.T, name string) {
 			if n, err := testenv.RedisDo(locktest.Context(t), r.URL, "DEL", redis.Key(name)); err != nil || n != "1" {
 				t.Fatalf("DEL %s: %q, %v", redis.Key(name), n, err)
@@ -410,7 +408,7 @@ func TestCutConnections(t *testing.T) {
 			defer cancel()
 			var err error
 			if tc.notify {
-				_, _, err = b.(lock.Notifier).Notify(ctx, locktest.Name(t))
+				_, _, err = b.Backend.(lock.Notifier).Notify(ctx, locktest.Name(t))
 			} else {
 				_, err = b.TryAcquire(ctx, locktest.Name(t))
 			}

@@ -1,0 +1,52 @@
+package cmd
+
+import (
+	"os"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// connFlags are the flags of every command that talks to a backend.
+type connFlags struct {
+	db             string
+	connectTimeout time.Duration
+	verbose        bool
+	logFormat      string
+}
+
+func (f *connFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.db, "db", "", "backend URL (default $WITHLOCK_DB, else $PG_CONNECTION_STRING)")
+	fs.DurationVar(&f.connectTimeout, "connect-timeout", lock.DefaultConnectTimeout, "retry an unreachable backend this long, then exit 69")
+	fs.BoolVarP(&f.verbose, "verbose", "v", false, "say what withlock does and how long each step takes")
+	fs.StringVar(&f.logFormat, "log-format", "text", "format of withlock's own messages on stderr: text or json")
+}
+
+// setEnv makes the invocation's output follow the flags.
+func (f *connFlags) setEnv(env *environment) {
+	env.verbose, env.logFormat = f.verbose, f.logFormat
+}
+
+func (f *connFlags) check() error {
+	switch {
+	case f.logFormat != "text" && f.logFormat != "json":
+		return usagef("--log-format is text or json, not %q", f.logFormat)
+	case f.connectTimeout <= 0:
+		return usagef("--connect-timeout must be positive")
+	}
+	return nil
+}
+
+// backendURL picks the URL by the SPEC's order of precedence, and hides its
+// password in everything written from then on.
+func (f *connFlags) backendURL(env *environment) (string, error) {
+	for _, u := range []string{f.db, os.Getenv("WITHLOCK_DB"), os.Getenv("PG_CONNECTION_STRING")} {
+		if u != "" {
+			env.stderr.secrets = urlSecrets(u)
+			return u, nil
+		}
+	}
+	return "", usagef("no backend: give --db URL, or set $WITHLOCK_DB or $PG_CONNECTION_STRING (for one host: --db file:///var/lock/withlock)")
+}

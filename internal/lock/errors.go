@@ -1,0 +1,76 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"syscall"
+	"time"
+)
+
+// Errorf returns an error whose message is format's alone but which also
+// matches kind (one of this package's sentinels) under errors.Is, so that
+// users read "cannot reach postgres at db:5432 (connection refused)" and not
+// the sentinel's text.
+func Errorf(kind error, format string, args ...any) error {
+	return &kindError{kind: kind, err: fmt.Errorf(format, args...)}
+}
+
+type kindError struct{ kind, err error }
+
+func (e *kindError) Error() string   { return e.err.Error() }
+func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
+
+// HeldFor returns an error matching ErrHeld that also says how long until
+// the lock may be taken: the time left of the holder's lease, or of any
+// other wait the backend knows the end of. Client.Acquire tries again no
+// later than then (see Remaining).
+func HeldFor(remaining time.Duration) error { return heldError{remaining} }
+
+type heldError struct{ remaining time.Duration }
+
+func (e heldError) Error() string            { return ErrHeld.Error() }
+func (e heldError) Unwrap() error            { return ErrHeld }
+func (e heldError) Remaining() time.Duration { return e.remaining }
+
+// Remaining reports how long until the lock of an ErrHeld error may be
+// taken, where the backend said so: an error made by HeldFor, or any error
+// in err's chain with a method Remaining() time.Duration (a backend's own
+// error type that also says more, such as ErrUnsettled's reason).
+func Remaining(err error) (time.Duration, bool) {
+	var r interface{ Remaining() time.Duration }
+	if errors.As(err, &r) {
+		return r.Remaining(), true
+	}
+	return 0, false
+}
+
+// Reason is the innermost useful part of a network error, for messages:
+// "connection refused", not the whole dial chain; "timed out" for any
+// timeout. Backends use it in their ErrUnavailable messages.
+func Reason(err error) string {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno.Error()
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return dnsErr.Error()
+	}
+	var netErr net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout() {
+		return "timed out"
+	}
+	return err.Error()
+}
+
+// Redact returns rawURL with any password replaced by "xxxxx", for messages.
+func Redact(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}

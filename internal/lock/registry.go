@@ -1,0 +1,90 @@
+package lock
+
+import (
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Opener opens a Backend for a URL and Options (already defaulted by Open).
+// It must not touch the network.
+type Opener func(u *url.URL, opts Options) (Backend, error)
+
+var (
+	registryMu sync.Mutex
+	registry   = map[string]Opener{}
+)
+
+// Register makes a backend available under URL scheme (lower case). It
+// panics if open is nil or the scheme is registered twice, since either is
+// a programming error.
+func Register(scheme string, open Opener) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	if open == nil {
+		panic("lock: Register called with a nil Opener for scheme " + scheme)
+	}
+	if _, dup := registry[scheme]; dup {
+		panic("lock: Register called twice for scheme " + scheme)
+	}
+	registry[scheme] = open
+}
+
+// Schemes lists the registered URL schemes, sorted.
+func Schemes() []string {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	var s []string
+	for k := range registry {
+		s = append(s, k)
+	}
+	sort.Strings(s)
+	return s
+}
+
+// planned are schemes the SPEC names that have no backend in this build.
+var planned = []string{"etcd", "mysql"}
+
+// Open returns a Client for rawURL and opts (zero values meaning the
+// defaults). It does not connect. Errors wrap ErrUsage (malformed URL,
+// unknown scheme, options the backend cannot honour) or ErrNotSupported.
+func Open(rawURL string, opts Options) (*Client, error) {
+	opts = opts.withDefaults()
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme == "" {
+		return nil, Errorf(ErrUsage, "%q is not a URL; %s", Redact(rawURL), schemesHint())
+	}
+	scheme := strings.ToLower(u.Scheme)
+	registryMu.Lock()
+	open := registry[scheme]
+	registryMu.Unlock()
+	if open == nil {
+		for _, p := range planned {
+			if p == scheme {
+				return nil, Errorf(ErrNotSupported, "the %s:// backend is not supported yet; %s", scheme, schemesHint())
+			}
+		}
+		return nil, Errorf(ErrUsage, "unknown scheme %q; %s", u.Scheme, schemesHint())
+	}
+	if opts.Mode != Exclusive {
+		// Until the backends have them (SPEC §12).
+		return nil, Errorf(ErrUsage, "%s locks are not supported yet", opts.Mode)
+	}
+	b, err := open(u, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{Backend: b, opts: opts}, nil
+}
+
+func schemesHint() string {
+	var s []string
+	for _, k := range Schemes() {
+		s = append(s, k+"://")
+	}
+	return "supported: " + strings.Join(s, ", ")
+}
