@@ -35,7 +35,7 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 	notifier, canNotify := b.(Notifier)
 	start := time.Now()
 	var (
-		lastErr          error
+		lastSaid         error // the last thing the server showed: held, refused, reset...
 		unreachableSince time.Time
 		backoff          = newBackoff()
 		saidWaiting      bool
@@ -68,16 +68,22 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 			return newHeld(name, lease, confirmed, opts), nil
 		}
 		if ctx.Err() != nil {
-			// ctx ended during the attempt. An ErrUnavailable now is most
-			// likely the attempt being cut off (a connection still being
-			// set up), not a failure the server showed; only an answer
-			// ("held") is worth reporting.
-			if lastErr == nil && errors.Is(err, ErrHeld) {
-				lastErr = err
+			// ctx ended during the attempt. An attempt that only ran out of
+			// time was cut off by ctx (a connection to a slow server still
+			// being set up): that says nothing about the server. A failure
+			// it did show (refused, reset) is worth reporting, and so is
+			// an answer ("held") if nothing else was said.
+			if errors.Is(err, ErrUnavailable) && !errors.Is(err, errTimedOut) || lastSaid == nil && errors.Is(err, ErrHeld) {
+				lastSaid = err
 			}
-			return nil, gaveUp(ctx, lastErr)
+			return nil, gaveUp(ctx, lastSaid)
 		}
-		lastErr = err
+		if !errors.Is(err, errTimedOut) {
+			// A timeout says nothing about the server when the caller's
+			// deadline is what ends the wait (a driver may give up early
+			// when that deadline is near).
+			lastSaid = err
+		}
 		var pause time.Duration
 		switch {
 		case errors.Is(err, ErrHeld):
@@ -132,7 +138,7 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, gaveUp(ctx, lastErr)
+			return nil, gaveUp(ctx, lastSaid)
 		case <-t.C:
 		case <-released:
 			t.Stop()

@@ -100,7 +100,7 @@ func (l *fakeLease) Release(ctx context.Context) error {
 }
 
 var (
-	errUnreachable = lock.Errorf(lock.ErrUnavailable, "cannot reach test (connection refused)")
+	errUnreachable = lock.Unreachable("test", "connection refused")
 	errHeld        = lock.Errorf(lock.ErrHeld, "test: held")
 	errRefused     = lock.Errorf(lock.ErrRefused, "test: password authentication failed")
 )
@@ -300,13 +300,14 @@ func TestAcquireCancelled(t *testing.T) {
 		// Acquire pauses or makes the next one.
 		cancelIn int
 		// want is the backend error the result must match; nil for an
-		// unreachable backend's only attempt, which the cancel cut short
+		// attempt that only ran out of time when the cancel cut it short
 		// (a slow server is not an unavailable one: exit 75, not 69).
 		want error
 	}{
 		{"held, cancelled in an attempt", errHeld, 2, errHeld},
 		{"held, cancelled between attempts", errHeld, -1, errHeld},
-		{"unreachable, cancelled in the first attempt", errUnreachable, 0, nil},
+		{"unreachable, cancelled in the first attempt", errUnreachable, 0, errUnreachable},
+		{"slow, cut short in the first attempt", lock.Unreachable("test", "timed out"), 0, nil},
 		{"unreachable, cancelled in a later attempt", errUnreachable, 2, errUnreachable},
 		{"unreachable, cancelled between attempts", errUnreachable, -1, errUnreachable},
 	} {

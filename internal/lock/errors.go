@@ -15,13 +15,36 @@ import (
 // users read "cannot reach postgres at db:5432 (connection refused)" and not
 // the sentinel's text.
 func Errorf(kind error, format string, args ...any) error {
-	return &kindError{kind: kind, err: fmt.Errorf(format, args...)}
+	return &kindError{kinds: []error{kind}, err: fmt.Errorf(format, args...)}
 }
 
-type kindError struct{ kind, err error }
+type kindError struct {
+	kinds []error
+	err   error
+}
 
 func (e *kindError) Error() string   { return e.err.Error() }
-func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
+func (e *kindError) Unwrap() []error { return append(e.kinds[:len(e.kinds):len(e.kinds)], e.err) }
+
+// timedOut is Reason's word for any timeout.
+const timedOut = "timed out"
+
+// errTimedOut marks an Unreachable error that says only that time ran out.
+var errTimedOut = errors.New("lock: timed out")
+
+// Unreachable is the ErrUnavailable error of a server that could not be
+// reached: "cannot reach WHAT (REASON)", reason being Reason's summary of
+// the driver's error or the server's own words. When the reason is only
+// that time ran out ("timed out"), the error says nothing about the server
+// if it was the caller's own deadline that ended the attempt: Client.Acquire
+// then reports a plain timeout, not an unavailable backend.
+func Unreachable(what, reason string) error {
+	e := &kindError{kinds: []error{ErrUnavailable}, err: fmt.Errorf("cannot reach %s (%s)", what, reason)}
+	if reason == timedOut {
+		e.kinds = append(e.kinds, errTimedOut)
+	}
+	return e
+}
 
 // HeldFor returns an error matching ErrHeld that also says how long until
 // the lock may be taken: the time left of the holder's lease, or of any
@@ -61,7 +84,7 @@ func Reason(err error) string {
 	}
 	var netErr net.Error
 	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout() {
-		return "timed out"
+		return timedOut
 	}
 	return err.Error()
 }

@@ -220,22 +220,24 @@ func (b *backend) classify(err error) error {
 		strings.Contains(msg, "auth error"), strings.Contains(msg, "AuthenticationFailed"):
 		return lock.Errorf(lock.ErrRefused, "mongodb at %s refused: %s", b.addr, msg)
 	case mongo.IsNetworkError(err), mongo.IsTimeout(err), strings.Contains(msg, "server selection"):
-		return lock.Errorf(lock.ErrUnavailable, "cannot reach mongodb at %s (%s)", b.addr, reason(msg))
+		return lock.Unreachable("mongodb at "+b.addr, reason(msg))
 	case errors.As(err, &se):
 		return lock.Errorf(lock.ErrRefused, "mongodb at %s: %s", b.addr, msg)
 	}
-	return lock.Errorf(lock.ErrUnavailable, "cannot reach mongodb at %s (%s)", b.addr, reason(msg))
+	return lock.Unreachable("mongodb at "+b.addr, reason(msg))
 }
 
 // reason picks the useful end of the driver's long server-selection
 // message: "connection refused", not the whole topology description.
 func reason(msg string) string {
-	for _, r := range []string{"connection refused", "no such host", "i/o timeout", "connection reset"} {
+	for _, r := range []string{"connection refused", "no such host", "connection reset"} {
 		if strings.Contains(msg, r) {
 			return r
 		}
 	}
-	if strings.Contains(msg, "server selection") || strings.Contains(msg, "context deadline exceeded") {
+	// Every kind of timeout is lock.Reason's "timed out", which
+	// lock.Unreachable knows for what it is.
+	if strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "server selection") || strings.Contains(msg, "context deadline exceeded") {
 		return "timed out"
 	}
 	return msg

@@ -198,7 +198,7 @@ func (b *backend) classify(err error) error {
 		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
 			strings.HasPrefix(pgErr.Code, "57P"), // shutting down, starting up
 			pgErr.Code == "53300":                // too many connections
-			return lock.Errorf(lock.ErrUnavailable, "cannot reach postgres at %s (%s)", b.addr, pgErr.Message)
+			return lock.Unreachable("postgres at "+b.addr, pgErr.Message)
 		default: // authentication, permission, missing database, ...
 			return lock.Errorf(lock.ErrRefused, "postgres at %s refused: %s (SQLSTATE %s)", b.addr, pgErr.Message, pgErr.Code)
 		}
@@ -207,7 +207,7 @@ func (b *backend) classify(err error) error {
 	if strings.Contains(msg, "tls") || strings.Contains(msg, "x509") || strings.Contains(msg, "SSL") {
 		return lock.Errorf(lock.ErrRefused, "postgres at %s: %v", b.addr, err)
 	}
-	return lock.Errorf(lock.ErrUnavailable, "cannot reach postgres at %s (%s)", b.addr, lock.Reason(err))
+	return lock.Unreachable("postgres at "+b.addr, lock.Reason(err))
 }
 
 type lease struct {

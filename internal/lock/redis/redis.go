@@ -353,7 +353,7 @@ func (b *backend) classify(err error) error {
 	if tlsRefusal(err) {
 		return lock.Errorf(lock.ErrRefused, "redis at %s: %v", b.addr, err)
 	}
-	return lock.Errorf(lock.ErrUnavailable, "cannot reach redis at %s (%s)", b.addr, lock.Reason(err))
+	return lock.Unreachable("redis at "+b.addr, lock.Reason(err))
 }
 
 func hasAnyPrefix(s string, prefixes []string) bool {
