@@ -157,3 +157,40 @@ func RequirePgBouncer(t testing.TB, serverURL, mode string, pool int) *PgBouncer
 	})
 	return b
 }
+
+// SetPoolMode changes pool_mode and makes pgbouncer reload its configuration
+// (SIGHUP), as an administrator would, and waits until it has. Clients already
+// connected keep their connection; pgbouncer applies the new mode at the end of
+// their next transaction.
+func (b *PgBouncer) SetPoolMode(mode string) error {
+	ini := filepath.Join(b.Dir, "pgbouncer.ini")
+	data, err := os.ReadFile(ini)
+	if err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	var lines []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "pool_mode = ") {
+			line = "pool_mode = " + mode
+		}
+		lines = append(lines, line)
+	}
+	if err := os.WriteFile(ini, []byte(strings.Join(lines, "\n")), 0o600); err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	out := filepath.Join(b.Dir, "server.out")
+	count := func() int {
+		data, _ := os.ReadFile(out)
+		return strings.Count(string(data), "got SIGHUP")
+	}
+	before := count()
+	if err := b.proc.signal(syscall.SIGHUP); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(30 * time.Second); count() == before; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testenv: pgbouncer did not log a reload within 30s of SIGHUP")
+		}
+	}
+	return nil
+}

@@ -12,14 +12,15 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
 // EnableTLS gives the server a new self-signed certificate for 127.0.0.1 and
-// localhost, turns ssl on and restarts it (Configure). Clients may still connect
-// without TLS: pg_hba's host lines match both. It returns the certificate's file,
-// for clients' sslrootcert.
-func (p *Postgres) EnableTLS() (rootCert string, err error) {
+// localhost, turns ssl on and restarts it (Configure, with settings too, if
+// any). Clients may still connect without TLS: pg_hba's host lines match both.
+// It returns the certificate's file, for clients' sslrootcert.
+func (p *Postgres) EnableTLS(settings ...string) (rootCert string, err error) {
 	certPEM, keyPEM, err := selfSigned()
 	if err != nil {
 		return "", fmt.Errorf("testenv: %w", err)
@@ -37,7 +38,7 @@ func (p *Postgres) EnableTLS() (rootCert string, err error) {
 	if err := os.WriteFile(rootCert, certPEM, 0o644); err != nil {
 		return "", fmt.Errorf("testenv: %w", err)
 	}
-	return rootCert, p.Configure("ssl = on")
+	return rootCert, p.Configure(strings.Join(append([]string{"ssl = on"}, settings...), "\n"))
 }
 
 func selfSigned() (certPEM, keyPEM []byte, err error) {
