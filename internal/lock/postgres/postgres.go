@@ -148,7 +148,10 @@ const cancelWait = time.Second
 // connection, as libpq does, instead of closing it as soon as the
 // statement returns: PgBouncer 1.18 (Debian 12's) crashes when a client
 // closes that connection before PgBouncer has passed the request on
-// (pgbouncer issue 801).
+// (pgbouncer issue 801). Nor does it wait 100ms more, as pgx's does, lest
+// the cancel hit the next statement: a cancelled wait drops its
+// connection, and in the race where the lock was granted anyway, a late
+// cancel can only fail one later statement, which is retried or warned of.
 type ctxHandler struct {
 	conn           *pgconn.PgConn
 	cancelOnServer *atomic.Bool
