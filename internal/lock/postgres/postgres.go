@@ -342,9 +342,11 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 		case err != nil:
 			return nil, b.failed(err)
 		case standby:
+			b.drop()
 			return nil, lock.Errorf(lock.ErrRefused, "postgres at %s is a hot standby, where a lock excludes nobody on the primary; "+
 				"point withlock at the primary, or add target_session_attrs=read-write to a URL that lists every host", b.addr)
 		case shared != nil:
+			b.drop() // a session pool must not keep a server session for a refused client
 			return nil, b.pooler(*shared)
 		case got == nil:
 			if !b.pooled {
