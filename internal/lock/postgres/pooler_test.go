@@ -37,7 +37,7 @@ func TestTransactionPooler(t *testing.T) {
 						bk := locktest.Open(t, b.URL, lock.Options{})
 						var err error
 						if i%2 == 0 {
-							_, err = bk.(lock.Waiter).Acquire(locktest.Context(t), "job")
+							_, err = bk.Backend.(lock.Waiter).Acquire(locktest.Context(t), "job")
 						} else {
 							_, err = bk.TryAcquire(locktest.Context(t), "job")
 						}
@@ -60,8 +60,8 @@ func TestTransactionPooler(t *testing.T) {
 func TestSessionPooler(t *testing.T) {
 	p := testenv.RequirePostgres(t)
 	b := testenv.RequirePgBouncer(t, p.URL, "session", 4)
-	locktest.Run(t, func(t *testing.T) lock.Backend {
-		return locktest.Open(t, b.URL, lock.Options{})
+	locktest.Run(t, func(t *testing.T, opts lock.Options) *lock.Client {
+		return locktest.Open(t, b.URL, opts)
 	}, locktest.Options{Session: true})
 	t.Run("with direct clients", func(t *testing.T) {
 		pooled, direct := locktest.Open(t, b.URL, lock.Options{}), locktest.Open(t, p.URL, lock.Options{})

@@ -188,7 +188,7 @@ func TestStartupCut(t *testing.T) {
 				// Cut twice, then passed through: the wait goes on and takes it.
 				c = newCutter(t, target, step, 2)
 				opts := lock.Options{ConnectTimeout: 30 * time.Second}
-				h, err := lock.Acquire(locktest.Context(t), locktest.Open(t, via(tc.server.URL, c.addr, tc.query), opts), "job", opts)
+				h, err := locktest.Open(t, via(tc.server.URL, c.addr, tc.query), opts).Acquire(locktest.Context(t), "job")
 				if err != nil {
 					t.Fatalf("Acquire through two connections cut at %s, then a good one: %v", step, err)
 				}
