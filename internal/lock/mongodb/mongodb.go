@@ -71,21 +71,21 @@
 // acquisition, so that they race for it, and it is never deleted, so that a
 // stale first acquisition cannot land later.
 //
-// # What reads cost
+// # What it costs
 //
-// FerretDB v1 hands only a filter on _id alone to SQLite; any other query
-// reads and decodes the whole collection (about 0.2ms a document on a busy
-// test machine). So the frequent reads are by _id: a waiter keeps the last
-// state it saw and reads the one after it ("NAME#n+1"), and a holder writes
-// after its own last state without reading. Only the check after an
-// acquisition or a renewal, and a waiter's first look (and its look afresh
-// after rescanAfter polls with nothing new), read the newest state by name;
-// on MongoDB that is a range of the _id index, on FerretDB a scan of the
-// collection, which the deletions keep to at most 2·keep+2 documents per
-// name. Round trips: a poll of a held lock 2 (the state after the last one
-// seen, the server's time); an acquisition 4 (those, the insert, the
-// check); a renewal 3 (the server's time, the insert, the check); a release
-// 1; and one write in keep also deletes.
+// Round trips: a poll of a held lock 2 (the newest state, the server's
+// time); an acquisition 4 (those, the insert, the check); a renewal 3 (the
+// server's time, the insert, the check: a holder writes after its own last
+// state without reading first); a release 1. One write in keep also deletes
+// old documents. On MongoDB "the newest state of NAME" is a range of the _id
+// index. FerretDB v1 hands only a filter on _id alone to SQLite; any other
+// query reads and decodes the whole collection (about 0.2ms a document on a
+// busy test machine), which the deletions keep to at most 2·keep+2
+// documents per name. A poll could read by _id alone ("NAME#n+1", the state
+// after the last one seen) and the server's time only when a takeover is
+// possible; but a waiter that walks the chain one state per poll falls
+// behind a burst of changes, and deletions can then leave it a gap to wait
+// on. That needs deletions that spare recent documents first.
 package mongodb
 
 import (
@@ -138,11 +138,6 @@ const keep = 4
 // the first follows someone else's successful write.
 const rounds = 4
 
-// rescanAfter is how many polls in a row that find no new state a waiter
-// makes before it looks at the newest state afresh, in case the chain moved
-// on by more than keep between two polls (see view).
-const rescanAfter = 8
-
 // Ops, recorded in each document for people and tests reading the chain.
 const (
 	opAcquire = "acquire" // the lock was free
@@ -168,10 +163,9 @@ type backend struct {
 	// the next attempt instead of blocking it until the lease runs out.
 	attempt struct{ name, id string }
 
-	// seen is the last state of attempt.name a waiter saw, and still the
-	// number of polls since it changed (see view).
-	seen  *state
-	still int
+	// gcFloor, if set (by tests), bounds the documents deleted: none at or
+	// above the seq it returns.
+	gcFloor func() int64
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
@@ -345,8 +339,7 @@ func (s *state) without(id string) []holder {
 }
 
 // newest reads name's newest k states, newest first. On FerretDB v1 this
-// reads the whole collection (see the package doc), so only the check after
-// a write and a waiter's occasional fresh look use it.
+// reads the whole collection (see the package doc).
 func (b *backend) newest(ctx context.Context, name string, k int64) ([]state, error) {
 	cur, err := b.locks.Find(ctx, ofName(name), options.Find().SetSort(bson.D{{Key: "seq", Value: -1}}).SetLimit(k))
 	if err != nil {
@@ -366,45 +359,6 @@ func (b *backend) newest1(ctx context.Context, name string) (*state, error) {
 		return nil, err
 	}
 	return &ss[0], nil
-}
-
-// after reads the state that follows s, or nil: a filter on _id alone,
-// which FerretDB v1 looks up in SQLite's index.
-func (b *backend) after(ctx context.Context, s *state) (*state, error) {
-	var n state
-	err := b.locks.FindOne(ctx, bson.D{{Key: "_id", Value: docID(s.Name, s.Seq+1, false)}}).Decode(&n)
-	switch {
-	case errors.Is(err, mongo.ErrNoDocuments):
-		return nil, nil
-	case err != nil:
-		return nil, b.classify(ctx, err)
-	}
-	return &n, nil
-}
-
-// view returns a recent state of name for a waiter to decide on: the state
-// after the last one it saw, if there is one, else that one again; a fresh
-// look at the newest state the first time and after rescanAfter polls that
-// found nothing new. It may be old (the chain may have moved on by more than
-// one state, or by more than keep, which leaves nothing after it): that costs
-// at most a write that loses or does not count, never a wrong lock.
-func (b *backend) view(ctx context.Context, name string) (*state, error) {
-	var err error
-	if b.seen == nil || b.seen.Name != name || b.still >= rescanAfter {
-		b.seen, err = b.newest1(ctx, name)
-		b.still = 0
-		return b.seen, err
-	}
-	n, err := b.after(ctx, b.seen)
-	if err != nil {
-		return nil, err
-	}
-	if n == nil {
-		b.still++
-		return b.seen, nil
-	}
-	b.seen, b.still = n, 0
-	return n, nil
 }
 
 // serverTime reads the server's clock, which alone judges expiry.
@@ -456,7 +410,11 @@ func (b *backend) collect(ctx context.Context, n *state) {
 	}
 	filter := ofName(n.Name)
 	filter[0].Value = bson.D{{Key: "$gt", Value: n.Name + "#0"}, {Key: "$lt", Value: n.Name + "$"}}
-	filter = append(filter, bson.E{Key: "seq", Value: bson.D{{Key: "$lt", Value: n.Seq - b.keep}}})
+	below := n.Seq - b.keep
+	if b.gcFloor != nil {
+		below = min(below, b.gcFloor())
+	}
+	filter = append(filter, bson.E{Key: "seq", Value: bson.D{{Key: "$lt", Value: below}}})
 	if _, err := b.locks.DeleteMany(ctx, filter); err != nil {
 		b.opts.Log.Debug("could not delete old lock documents", "lock", n.Name, "err", err)
 	}
@@ -477,7 +435,7 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	// and an older now only makes a lease look live longer.
 	var now time.Time
 	for range rounds {
-		cur, err := b.view(ctx, name)
+		cur, err := b.newest1(ctx, name)
 		if err != nil {
 			return nil, err
 		}
@@ -517,13 +475,12 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 			return nil, err
 		}
 		if !ok {
-			continue // the next view reads the state that won
+			continue // someone else's write landed first: read it
 		}
 		top, err := b.newest1(ctx, name)
 		if err != nil {
 			return nil, err
 		}
-		b.seen, b.still = top, 0
 		if b.counts(&n, top, id, expires) {
 			b.collect(ctx, &n)
 			b.attempt.id = ""
@@ -620,7 +577,8 @@ func reason(err error) string {
 		}
 	}
 	switch {
-	case strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "server selection") || mongo.IsTimeout(err):
+	case strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "server selection") ||
+		strings.Contains(msg, "MaxTimeMS") || mongo.IsTimeout(err):
 		return "timed out" // lock.Reason's word, which lock.Unreachable knows
 	case strings.Contains(msg, "EOF"):
 		return "connection closed"
@@ -740,7 +698,6 @@ func (l *lease) Release(ctx context.Context) error {
 		}
 		if ok {
 			l.b.collect(ctx, &n)
-			l.b.seen, l.b.still = &n, 0
 			return nil
 		}
 		if err := l.follow(ctx); err != nil {
