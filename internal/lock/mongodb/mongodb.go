@@ -504,13 +504,11 @@ func (b *backend) acquireTimeout() time.Duration {
 // classify sorts a driver error into lock's sentinels: a refusal only when
 // the server answered and said no for good; everything else, including a
 // connection cut at any step (even during authentication), is unavailable.
-// Once ctx has ended, whatever the server said is about that (FerretDB
-// answers a time limit with InternalError).
+// Once ctx has ended, a server's error is about that, not a refusal
+// (FerretDB answers the time limit the driver derives from ctx with an
+// InternalError).
 func (b *backend) classify(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return lock.Unreachable("mongodb at "+b.addr, "timed out")
-	}
-	if refused(err) {
+	if ctx.Err() == nil && refused(err) {
 		return lock.Errorf(lock.ErrRefused, "mongodb at %s refused: %s", b.addr, err)
 	}
 	return lock.Unreachable("mongodb at "+b.addr, reason(err))
