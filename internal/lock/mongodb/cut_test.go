@@ -238,10 +238,7 @@ func TestStaleInsert(t *testing.T) {
 
 	t.Run("Keep", func(t *testing.T) {
 		name := locktest.Name(t)
-		l, err := slow.TryAcquire(locktest.Context(t), name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		l, _ := take(t, slow, name)
 		docs := chain(t, c, name)
 		next := docs[len(docs)-1].Seq + 1
 		arrived, release := holdInsert(t)

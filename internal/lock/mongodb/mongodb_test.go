@@ -162,8 +162,10 @@ func TestReleaseAt(t *testing.T) {
 	if last.Op != "linger" || len(last.Holders) != 1 {
 		t.Fatalf("after ReleaseAt: %+v; want a linger document with the holder", last)
 	}
-	if d := last.Holders[0].ExpiresAt.Sub(until); d < -50*time.Millisecond || d > 50*time.Millisecond {
-		t.Errorf("expiresAt %v; want about %v", last.Holders[0].ExpiresAt, until)
+	// Never earlier than until (but for the millisecond the server rounds
+	// to); later by the time ReleaseAt took to read the server's clock.
+	if d := last.Holders[0].ExpiresAt.Sub(until); d < -time.Millisecond || d > time.Second {
+		t.Errorf("expiresAt %v; want %v, or a little later", last.Holders[0].ExpiresAt, until)
 	}
 	_, err = b.TryAcquire(locktest.Context(t), name)
 	if !errors.Is(err, lock.ErrHeld) {
@@ -261,32 +263,22 @@ func TestTakeover(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	a, b := locktest.Open(t, m.URL, lock.Options{TTL: ttl}), locktest.Open(t, m.URL, lock.Options{TTL: ttl})
 	name := locktest.Name(t)
-	start := time.Now() // the holder relies on its lease until start + ttl
-	la, err := a.TryAcquire(locktest.Context(t), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lb lock.Lease
-	for {
-		if lb, err = b.TryAcquire(locktest.Context(t), name); err == nil {
-			break
-		}
-		if !errors.Is(err, lock.ErrHeld) || time.Since(start) > 10*time.Second {
-			t.Fatalf("taking over an expired lease: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond) // polling, as lock.Acquire does
-	}
+	la, start := take(t, a, name) // a relies on its lease until start + ttl
+	lb, _ := take(t, b, name)
 	if d := time.Since(start); d < ttl {
 		t.Errorf("taken over after %v; the lease lasts %v", d, ttl)
 	}
 	if lb.(lock.Fenced).Token() <= la.(lock.Fenced).Token() {
 		t.Errorf("token %d after %d", lb.(lock.Fenced).Token(), la.(lock.Fenced).Token())
 	}
-	docs := chain(t, locks(t, m.URL), name)
-	if last := docs[len(docs)-1]; last.Op != "take" {
-		t.Errorf("the takeover's document: op %q; want take", last.Op)
+	took := false
+	for _, d := range chain(t, locks(t, m.URL), name) {
+		took = took || d.Op == "take" && d.Seq == lb.(lock.Fenced).Token()
 	}
-	err = la.Keep(locktest.Context(t))
+	if !took {
+		t.Errorf("no document with op take at the new holder's token %d", lb.(lock.Fenced).Token())
+	}
+	err := la.Keep(locktest.Context(t))
 	if !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "took the lock over") {
 		t.Errorf("the old holder's Keep: %v; want ErrLost saying it was taken over", err)
 	}
@@ -312,6 +304,26 @@ func TestAuthFailed(t *testing.T) {
 	_, err := locktest.Open(t, url, lock.Options{ConnectTimeout: 2 * time.Second}).TryAcquire(locktest.Context(t), "job")
 	if !errors.Is(err, lock.ErrRefused) || strings.Contains(err.Error(), "hunter22") {
 		t.Errorf("failed authentication: %v; want ErrRefused without the password", err)
+	}
+}
+
+// take has c take name within 10s, trying again as Client.Acquire would
+// while it is held or an attempt does not finish in time (with a short
+// ttl, an attempt on a busy machine may not), and says when the attempt
+// that took it was sent.
+func take(t *testing.T, c *lock.Client, name string) (lock.Lease, time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sent := time.Now()
+		l, err := c.TryAcquire(locktest.Context(t), name)
+		if err == nil {
+			return l, sent
+		}
+		if !errors.Is(err, lock.ErrHeld) && !errors.Is(err, lock.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("TryAcquire(%q): %v", name, err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling, as Client.Acquire does
 	}
 }
 
