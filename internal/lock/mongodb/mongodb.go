@@ -709,11 +709,13 @@ func (l *lease) Release(ctx context.Context) error {
 }
 
 // ReleaseAt lets the lease run out at until (as the time left, counted by
-// the server's clock) instead of releasing it now.
+// the server's clock) instead of releasing it now. The time left is rounded
+// up to the millisecond: the server's time read is rounded down, and the
+// lock must not end before until.
 func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	left := time.Until(until)
 	if left < time.Millisecond {
 		return l.Release(ctx)
 	}
-	return l.extend(ctx, opLinger, left)
+	return l.extend(ctx, opLinger, left.Truncate(time.Millisecond)+time.Millisecond)
 }
