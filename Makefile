@@ -10,7 +10,7 @@ build:
 
 # Everything, against real servers, with the race detector.
 test: deps lint
-	go test -race -count=1 ./...
+	go test -race -count=1 -timeout 30m ./...
 
 test-race: test
 
