@@ -72,6 +72,8 @@ type Config struct {
 	// nil injects nothing.
 	Faults func(p *faultproxy.Proxy) Injector
 	Seed   uint64
+	// Progress, if set, logs the number of runs so far this often.
+	Progress time.Duration
 	// Unlocked gives each contender a NAME of its own, so that nothing
 	// excludes anything: for the harness's own test, which must then see
 	// overlaps.
@@ -166,6 +168,23 @@ func Stress(t testing.TB, bin Binaries, b Backend, cfg Config) Report {
 				mu.Unlock()
 			}
 		})
+	}
+	if cfg.Progress > 0 {
+		tick := time.NewTicker(cfg.Progress)
+		defer tick.Stop()
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+					mu.Lock()
+					n := len(runs)
+					mu.Unlock()
+					t.Logf("%s: %d runs in %v", b.Name, n, time.Since(start).Round(time.Second))
+				}
+			}
+		}()
 	}
 	<-stop
 	// Faults end with new runs, so that the last ones can finish.

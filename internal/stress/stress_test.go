@@ -83,6 +83,7 @@ func TestStress(t *testing.T) {
 	}
 	if *long {
 		cfg.Runs = *nRuns
+		cfg.Progress = time.Minute
 	} else {
 		cfg.For = *short
 	}
