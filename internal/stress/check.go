@@ -26,7 +26,7 @@ type Run struct {
 	Stopped bool   // its end was a stop line: a signal (withlock's TERM) ended it
 
 	LostAt int64  // when withlock's "lost the lock" line reached the harness; 0 if none
-	Stderr string // the last line withlock wrote on stderr, for reports
+	Stderr string // the last lines withlock wrote on stderr (up to 3, joined by " ⏎ "), for reports
 }
 
 // end is when r's section stopped running: its own exit or stop line, or,
@@ -66,8 +66,8 @@ type Report struct {
 	// the one before it, and each section that got no token on a backend
 	// that gives tokens.
 	TokenErrors []string
-	// Unexpected holds the last stderr line of one run for each exit status
-	// other than 0 and 70.
+	// Unexpected holds the stderr of one run for each exit status other
+	// than 0 and 70.
 	Unexpected map[int]string
 	// Outlived are sections that ended after their withlock had exited: a
 	// command that ran on without its withlock.

@@ -249,14 +249,19 @@ func (h *harness) run(kill context.Context, contender, seq int) (Run, error) {
 	scanned := make(chan struct{})
 	go func() {
 		defer close(scanned)
+		var tail []string // the last lines: one message of withlock's may take several
 		s := bufio.NewScanner(pr)
 		for s.Scan() {
 			line := s.Text()
 			if r.LostAt == 0 && strings.Contains(line, "lost the lock") {
 				r.LostAt = now()
 			}
-			r.Stderr = line
+			tail = append(tail, strings.TrimSpace(line))
+			if len(tail) > 3 {
+				tail = tail[1:]
+			}
 		}
+		r.Stderr = strings.Join(tail, " ⏎ ")
 	}()
 	err = cmd.Wait()
 	r.Exited = now()
