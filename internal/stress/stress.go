@@ -94,8 +94,11 @@ func Recipe(p *faultproxy.Proxy) Injector {
 const lockName = "stress"
 
 // Stress runs cfg against a server of b started for t and returns the
-// runs, checked. It fails t only if the harness itself cannot work; what
-// the report finds is the caller's to judge.
+// runs, checked. It fails t if the harness cannot run withlock, or if runs
+// are still under way cfg.Drain after the last one started (a lost waiter);
+// what the report finds is the caller's to judge. The injector's random
+// choices follow cfg.Seed, so backends run with one seed see the same
+// sequence of pauses and faults.
 func Stress(t testing.TB, bin Binaries, b Backend, cfg Config) Report {
 	t.Helper()
 	if cfg.Runs <= 0 && cfg.For <= 0 {
