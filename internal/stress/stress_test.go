@@ -13,7 +13,7 @@ import (
 var (
 	long     = flag.Bool("stress.long", false, "make stress: every backend (knownUnsafe too), until each has -stress.runs runs")
 	nRuns    = flag.Int("stress.runs", 1000, "with -stress.long: runs per backend")
-	short    = flag.Duration("stress.for", 4*time.Second, "without -stress.long: how long each backend is stressed")
+	short    = flag.Duration("stress.for", 5*time.Second, "without -stress.long: how long each backend is stressed")
 	hold     = flag.Duration("stress.hold", 100*time.Millisecond, "how long each critical section holds the lock")
 	seed     = flag.Uint64("stress.seed", 0, "seed of the fault injector (0: from the clock)")
 	noFaults = flag.Bool("stress.nofaults", false, "inject no faults: the contention alone, for comparison")
