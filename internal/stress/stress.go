@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"net/url"
 	"os"
@@ -97,8 +98,8 @@ const lockName = "stress"
 // runs, checked. It fails t if the harness cannot run withlock, or if runs
 // are still under way cfg.Drain after the last one started (a lost waiter);
 // what the report finds is the caller's to judge. The injector's random
-// choices follow cfg.Seed, so backends run with one seed see the same
-// sequence of pauses and faults.
+// choices follow cfg.Seed and the backend's name: each backend sees its own
+// sequence of pauses and faults, the same again with the same seed.
 func Stress(t testing.TB, bin Binaries, b Backend, cfg Config) Report {
 	t.Helper()
 	if cfg.Runs <= 0 && cfg.For <= 0 {
@@ -138,7 +139,9 @@ func Stress(t testing.TB, bin Binaries, b Backend, cfg Config) Report {
 	injectCtx, stopInjecting := context.WithCancel(context.Background())
 	injected := make(chan map[string]int, 1)
 	go func() {
-		injected <- faults.Run(injectCtx, rand.New(rand.NewPCG(cfg.Seed, 1)))
+		name := fnv.New64a()
+		name.Write([]byte(b.Name))
+		injected <- faults.Run(injectCtx, rand.New(rand.NewPCG(cfg.Seed, name.Sum64())))
 	}()
 
 	start := time.Now()
