@@ -141,7 +141,7 @@ func (m *Mongo) Start() error {
 
 // Pause stops the server with SIGSTOP: connections stay open and requests go
 // unanswered, as with a hung server or a network partition, until Resume.
-func (m *Mongo) Pause() error { return m.proc.signal(syscall.SIGSTOP) }
+func (m *Mongo) Pause() error { return m.proc.pause() }
 
 // Resume continues a server stopped by Pause.
 func (m *Mongo) Resume() error { return m.proc.signal(syscall.SIGCONT) }

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -226,7 +227,7 @@ func (r *Redis) Start() error {
 
 // Pause stops the server with SIGSTOP: connections stay open and requests go
 // unanswered, as with a hung server or a network partition, until Resume.
-func (r *Redis) Pause() error { return r.proc.signal(syscall.SIGSTOP) }
+func (r *Redis) Pause() error { return r.proc.pause() }
 
 // Resume continues a server stopped by Pause.
 func (r *Redis) Resume() error { return r.proc.signal(syscall.SIGCONT) }
@@ -652,6 +653,46 @@ func (p *serverProc) stop() error {
 			return errors.New("testenv: server did not stop within 10s of SIGTERM; killed")
 		}
 	})
+}
+
+// pause stops the server with SIGSTOP and returns once every thread of it
+// has stopped: kill(2) returns before threads running on another CPU stop,
+// and a test that pauses a server must not see it answer one more request.
+func (p *serverProc) pause() error {
+	if err := p.signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	pid := p.pid()
+	deadline := time.Now().Add(10 * time.Second)
+	for !allStopped(pid) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testenv: server %d did not stop within 10s of SIGSTOP", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+// allStopped says whether every thread of pid is in state T (stopped), as
+// /proc shows it.
+func allStopped(pid int) bool {
+	stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if len(stats) == 0 {
+		return false
+	}
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return false
+		}
+		// "pid (comm) S ...": comm may hold spaces and parentheses, the
+		// state follows the last ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+			return false
+		}
+	}
+	return true
 }
 
 func (p *serverProc) signal(sig syscall.Signal) error {
