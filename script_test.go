@@ -263,6 +263,8 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			"waiters":    cmdWaiters,
 			"replica":    cmdReplica,
 			"nooverlap":  cmdNooverlap,
+			"standby":    cmdStandby,
+			"pgbouncer":  cmdPgbouncer,
 		},
 	}
 }
@@ -403,14 +405,16 @@ func cmdPgsql(ts *testscript.TestScript, neg bool, args []string) {
 	}
 }
 
-// server start|stop|pause|resume: the script's own server; pause freezes it
+// server start|stop|pause|resume|tls: the script's own server; pause freezes it
 // (SIGSTOP), so that it stops answering without closing connections. Redis and MongoDB scripts
 // have one from the start; for PostgreSQL the first "server start" creates
-// a cluster and points $DB at it (the shared one must not be stopped).
+// a cluster and points $DB at it (the shared one must not be stopped), and
+// sets $DBHOSTPORT to its address. "server tls" gives a PostgreSQL server a
+// self-signed certificate and turns ssl on; $ROOTCERT is the certificate.
 func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 	st := ts.Value(stateKey{}).(*scriptState)
 	if neg || len(args) != 1 {
-		ts.Fatalf("usage: server start|stop|pause|resume")
+		ts.Fatalf("usage: server start|stop|pause|resume|tls")
 	}
 	if st.server == nil {
 		if args[0] != "start" || ts.Getenv("BACKEND") != "postgres" {
@@ -420,9 +424,11 @@ func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Check(err)
 		st.server = pg
 		ts.Setenv("DB", pg.URL)
+		ts.Setenv("DBHOSTPORT", fmt.Sprintf("127.0.0.1:%d", pg.Port))
 		return
 	}
 	f, canFreeze := st.server.(freezer)
+	pg, isPostgres := st.server.(*testenv.Postgres)
 	switch {
 	case args[0] == "start":
 		ts.Check(st.server.Start())
@@ -432,9 +438,43 @@ func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Check(f.Pause())
 	case args[0] == "resume" && canFreeze:
 		ts.Check(f.Resume())
+	case args[0] == "tls" && isPostgres:
+		root, err := pg.EnableTLS()
+		ts.Check(err)
+		ts.Setenv("ROOTCERT", root)
 	default:
-		ts.Fatalf("usage: server start|stop|pause|resume (pause and resume: Redis, MongoDB)")
+		ts.Fatalf("usage: server start|stop|pause|resume|tls (pause and resume: Redis, MongoDB; tls: PostgreSQL)")
 	}
+}
+
+// standby starts a hot standby of the script's own PostgreSQL server ("server
+// start" first), made with pg_basebackup -R as a user would, and sets $STANDBY
+// to its URL, $STANDBYHOSTPORT to its address.
+func cmdStandby(ts *testscript.TestScript, neg bool, args []string) {
+	pg, ok := ts.Value(stateKey{}).(*scriptState).server.(*testenv.Postgres)
+	if neg || len(args) != 0 || !ok {
+		ts.Fatalf("usage: standby (after server start, PostgreSQL only)")
+	}
+	s, err := pg.StartStandby()
+	ts.Check(err)
+	ts.Defer(func() { s.Close() })
+	ts.Setenv("STANDBY", s.URL)
+	ts.Setenv("STANDBYHOSTPORT", fmt.Sprintf("127.0.0.1:%d", s.Port))
+}
+
+// pgbouncer MODE POOL starts pgbouncer (Debian's) with pool_mode MODE and
+// default_pool_size POOL in front of $DB's PostgreSQL server, and sets
+// $BOUNCER to the URL of $DB's database through it, without sslmode.
+func cmdPgbouncer(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 || ts.Getenv("BACKEND") != "postgres" {
+		ts.Fatalf("usage: pgbouncer MODE POOL (PostgreSQL only)")
+	}
+	pool, err := strconv.Atoi(args[1])
+	ts.Check(err)
+	b, err := testenv.StartPgBouncer(ts.Getenv("DB"), args[0], pool)
+	ts.Check(err)
+	ts.Defer(func() { b.Close() })
+	ts.Setenv("BOUNCER", b.URL)
 }
 
 // breaklease NAME deletes NAME's lease behind its holder's back, as an

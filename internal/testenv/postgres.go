@@ -64,6 +64,7 @@ type Postgres struct {
 	inst     *pgInstall
 	mu       sync.Mutex
 	closed   bool
+	conf     string // settings added by Configure
 	watchdog *exec.Cmd
 	wdPipe   *os.File // write end of the watchdog's stdin
 	wdDone   chan error
@@ -131,6 +132,11 @@ func (p *Postgres) create() error {
 	if err := p.startWatchdog(); err != nil {
 		return err
 	}
+	return p.listen()
+}
+
+// listen starts the server in dataDir on a free port and sets Port and URL.
+func (p *Postgres) listen() error {
 	// Another process may take the port between our probe and the server's bind;
 	// that is rare, and then we try another.
 	for attempt := 0; ; attempt++ {
@@ -168,8 +174,8 @@ func (p *Postgres) urlFor(db string) string {
 // writeClusterConf writes the settings that differ between clusters; the
 // template's postgresql.conf includes the file.
 func (p *Postgres) writeClusterConf() error {
-	conf := fmt.Sprintf("port = %d\nunix_socket_directories = '%s'\n",
-		p.Port, strings.ReplaceAll(p.Dir, "'", "''"))
+	conf := fmt.Sprintf("port = %d\nunix_socket_directories = '%s'\n%s",
+		p.Port, strings.ReplaceAll(p.Dir, "'", "''"), p.conf)
 	name := filepath.Join(p.dataDir(), clusterConfName)
 	if err := os.WriteFile(name, []byte(conf), 0o600); err != nil {
 		return fmt.Errorf("testenv: %w", err)
@@ -221,6 +227,21 @@ func (p *Postgres) Start() error {
 	defer p.mu.Unlock()
 	if p.closed {
 		return errors.New("testenv: Start after Close")
+	}
+	return p.start()
+}
+
+// Configure adds settings (postgresql.conf lines) to the cluster's own and
+// restarts the server (Stop, Start) so that every one of them applies.
+func (p *Postgres) Configure(settings string) error {
+	if err := p.Stop(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conf += strings.TrimSuffix(settings, "\n") + "\n"
+	if err := p.writeClusterConf(); err != nil {
+		return err
 	}
 	return p.start()
 }

@@ -583,8 +583,11 @@ func (p *serverProc) start(cmd *exec.Cmd, stdin *os.File, ready func() bool) err
 	cmd.Stdin = stdin
 	cmd.Stdout, cmd.Stderr = out, out
 	// Its own process group: Ctrl-C reaches the test process, whose death the
-	// watchdog handles, not the server directly.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// watchdog handles, not the server directly. (cmd may bring a Credential.)
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
 	if err := cmd.Start(); err != nil {
 		return err
 	}

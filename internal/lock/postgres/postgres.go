@@ -10,8 +10,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
+	"io"
 	"net/url"
+	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -44,10 +46,19 @@ func Keys(name string) (k1, k2 int32) {
 const maxDial = 5 * time.Second
 
 type backend struct {
-	config *pgx.ConnConfig
-	addr   string // host:port, for messages
+	config *pgx.ConnConfig // one host's: connect sets Host and Port
+	hosts  []*host
 	opts   lock.Options
-	conn   *pgx.Conn
+
+	conn  *pgx.Conn
+	addr  string // host:port of conn's server (before connecting: the first host's), for messages
+	token string // conn's mark on its server session; see lockSQL
+	// pooled says that a pooler is in between: the server ran our
+	// statements in another process than the one that answered the
+	// connection. seen lists the server processes our earlier connections
+	// marked; see take.
+	pooled bool
+	seen   []int64
 	// cancelOnServer says how the open context-watcher of conn reacts to
 	// a context ending; see ctxHandler.
 	cancelOnServer atomic.Bool
@@ -64,19 +75,70 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	if config.ConnectTimeout == 0 {
 		config.ConnectTimeout = min(maxDial, opts.ConnectTimeout)
 	}
+	if config.ValidateConnect, err = targetSessionAttrs(u); err != nil {
+		return nil, err
+	}
 	// One round trip per statement, no prepared-statement cache: each
 	// statement runs once or a few times per process.
 	config.DefaultQueryExecMode = pgx.QueryExecModeExec
-	b := &backend{config: config, addr: net.JoinHostPort(config.Host, fmt.Sprint(config.Port)), opts: opts}
+	// connect tries the hosts itself, one pgx attempt each, so that each
+	// failure is judged (and named) on its own; the dialer negotiates TLS.
+	hs := hosts(&config.Config)
+	d := &dialer{dial: config.DialFunc, hosts: hs, served: map[string]*host{}}
+	config.DialFunc = d.DialContext
+	// The dialer gets the host name, for its TLS; net.Dialer tries each of
+	// its addresses.
+	config.LookupFunc = func(_ context.Context, host string) ([]string, error) { return []string{host}, nil }
+	config.TLSConfig, config.Fallbacks = nil, nil
+	b := &backend{config: config, hosts: hs, addr: hs[0].addr, opts: opts}
 	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &ctxHandler{
-			cancelOnServer: &b.cancelOnServer,
-			cancel:         &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: time.Second},
-			deadline:       &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()},
-		}
+		return &ctxHandler{conn: c, cancelOnServer: &b.cancelOnServer}
 	}
 	return b, nil
 }
+
+// targetSessionAttrs returns the check of the URL's target_session_attrs
+// (or $PGTARGETSESSIONATTRS), as libpq does it, answered from what the
+// server reports at start-up where it can (PostgreSQL 14 and later), so
+// that it costs no round trip. The values that pick a standby are refused:
+// a lock on a standby excludes nobody.
+func targetSessionAttrs(u *url.URL) (pgconn.ValidateConnectFunc, error) {
+	attrs := u.Query().Get("target_session_attrs")
+	if attrs == "" {
+		attrs = os.Getenv("PGTARGETSESSIONATTRS")
+	}
+	switch attrs {
+	case "", "any":
+		return nil, nil
+	case "read-write":
+		return func(ctx context.Context, c *pgconn.PgConn) error {
+			standby, readOnly := c.ParameterStatus("in_hot_standby"), c.ParameterStatus("default_transaction_read_only")
+			if standby == "" || readOnly == "" {
+				return pgconn.ValidateConnectTargetSessionAttrsReadWrite(ctx, c)
+			}
+			if standby == "on" || readOnly == "on" {
+				return pgconn.ErrReadOnlyConnection
+			}
+			return nil
+		}, nil
+	case "primary":
+		return func(ctx context.Context, c *pgconn.PgConn) error {
+			switch c.ParameterStatus("in_hot_standby") {
+			case "":
+				return pgconn.ValidateConnectTargetSessionAttrsPrimary(ctx, c)
+			case "on":
+				return pgconn.ErrStandbyConnection
+			}
+			return nil
+		}, nil
+	default: // read-only, standby, prefer-standby
+		return nil, lock.Errorf(lock.ErrUsage, "target_session_attrs=%s picks a standby, where a lock excludes nobody on the primary; use read-write or primary", attrs)
+	}
+}
+
+// cancelWait bounds how long a statement whose context ended waits for
+// the server to act on the cancel request before its read is cut.
+const cancelWait = time.Second
 
 // ctxHandler decides what happens when the context of a running statement
 // ends. While we wait in pg_advisory_lock it sends the server a cancel
@@ -84,43 +146,86 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 // of taking the lock for a dead client later. While we only listen for the
 // server closing the session (Watch) it just ends the read: a cancel request
 // would be pointless then, and could land on our next statement.
+//
+// Unlike pgx's own handler, it lets the server close the cancel request's
+// connection, as libpq does, instead of closing it as soon as the
+// statement returns: PgBouncer 1.18 (Debian 12's) crashes when a client
+// closes that connection before PgBouncer has passed the request on
+// (pgbouncer issue 801). Nor does it wait 100ms more, as pgx's does, lest
+// the cancel hit the next statement: a cancelled wait drops its
+// connection, and in the race where the lock was granted anyway, a late
+// cancel can only fail one later statement, which is retried or warned of.
 type ctxHandler struct {
+	conn           *pgconn.PgConn
 	cancelOnServer *atomic.Bool
-	cancel         ctxwatch.Handler
-	deadline       ctxwatch.Handler
-	active         ctxwatch.Handler
+	cancelled      chan struct{} // closed when the cancel request is done; nil when none was sent
 }
 
-func (h *ctxHandler) HandleCancel(ctx context.Context) {
-	h.active = h.deadline
+func (h *ctxHandler) HandleCancel(context.Context) {
+	deadline := time.Now()
+	h.cancelled = nil
 	if h.cancelOnServer.Load() {
-		h.active = h.cancel
+		deadline = deadline.Add(cancelWait)
+		done := make(chan struct{})
+		h.cancelled = done
+		go func() {
+			defer close(done)
+			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			defer cancel()
+			h.conn.CancelRequest(ctx) // returns when the server closes its connection
+		}()
 	}
-	h.active.HandleCancel(ctx)
+	h.conn.Conn().SetDeadline(deadline)
 }
 
-func (h *ctxHandler) HandleUnwatchAfterCancel() { h.active.HandleUnwatchAfterCancel() }
+func (h *ctxHandler) HandleUnwatchAfterCancel() {
+	if h.cancelled != nil {
+		<-h.cancelled
+	}
+	h.conn.Conn().SetDeadline(time.Time{})
+}
 
-// connect opens the dedicated connection if there is none. application_name
+// connect opens the dedicated connection if there is none, to the first
+// host of the URL that answers (and suits target_session_attrs), as libpq
+// does. A refusal ends the search: it is the answer. application_name
 // names the holder, so that pg_stat_activity shows who holds what.
 func (b *backend) connect(ctx context.Context, name string) (*pgx.Conn, error) {
 	if b.conn != nil && !b.conn.IsClosed() {
 		return b.conn, nil
 	}
+	b.conn = nil
 	config := b.config.Copy()
 	if _, set := config.RuntimeParams["application_name"]; !set {
 		h := b.opts.Holder
 		// pid and host first: the server cuts the name at 63 bytes.
 		config.RuntimeParams["application_name"] = printable(fmt.Sprintf("withlock %d@%s %s", h.PID, h.Host, name))
 	}
-	start := time.Now()
-	conn, err := pgx.ConnectConfig(ctx, config)
-	if err != nil {
-		return nil, b.classify(err)
+	var addrs, whys []string
+	for _, h := range b.hosts {
+		config.Host, config.Port = h.host, h.port
+		start := time.Now()
+		conn, err := pgx.ConnectConfig(ctx, config)
+		if err == nil {
+			b.opts.Log.Debug("connected", "backend", "postgres", "addr", h.addr, "took", time.Since(start).Round(10*time.Microsecond))
+			b.conn, b.addr, b.token = conn, h.addr, lock.NewToken()
+			return conn, nil
+		}
+		kind, why := sortError(err)
+		if kind == lock.ErrRefused || len(b.hosts) == 1 {
+			return nil, b.errorAt(h.addr, kind, why)
+		}
+		addrs, whys = append(addrs, h.addr), append(whys, why)
+		if ctx.Err() != nil {
+			break
+		}
 	}
-	b.opts.Log.Debug("connected", "backend", "postgres", "addr", b.addr, "took", time.Since(start).Round(10*time.Microsecond))
-	b.conn = conn
-	return conn, nil
+	if len(slices.Compact(slices.Clone(whys))) == 1 { // one reason for all
+		return nil, lock.Unreachable("postgres at "+strings.Join(addrs, ", "), whys[0])
+	}
+	for i := range addrs {
+		addrs[i] += " (" + whys[i] + ")"
+	}
+	return nil, lock.Errorf(lock.ErrUnavailable, "cannot reach postgres at %s", strings.Join(addrs, ", "))
 }
 
 // printable replaces control characters, which the startup message cannot
@@ -144,43 +249,147 @@ func (b *backend) Close() error {
 }
 
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
-	conn, err := b.connect(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	k1, k2 := Keys(name)
-	var got bool
-	if err := conn.QueryRow(ctx, "select pg_try_advisory_lock($1, $2)", k1, k2).Scan(&got); err != nil {
-		return nil, b.failed(err)
-	}
-	if !got {
-		return nil, lock.ErrHeld
-	}
-	return &lease{b: b, conn: conn, k1: k1, k2: k2}, nil
+	return b.take(ctx, name, false)
 }
 
 // Acquire waits in pg_advisory_lock, so that PostgreSQL hands the lock over
 // the moment its holder lets go.
 func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) {
-	conn, err := b.connect(ctx, name)
-	if err != nil {
-		return nil, err
-	}
+	return b.take(ctx, name, true)
+}
+
+// lockSQL takes NAME's keys ($1, $2), in the same statement that checks
+// that the session can hold a lock for everyone, so that the checks cost
+// no round trip:
+//
+//   - a hot standby grants advisory locks, but only on itself;
+//   - a fresh session holds no advisory lock, and carries no other
+//     connection's mark: each connection marks its server session with a
+//     token of its own ($3, the setting withlock.session). Behind a pooler
+//     in transaction mode, clients take turns on the same server sessions,
+//     and a session lock taken in one is granted again (re-entrantly) to
+//     whichever client's statement lands there next. A session-mode pooler
+//     resets a server session (DISCARD ALL) before handing it to the next
+//     client, which clears both;
+//   - the server process is one of $4: on a new connection, the one that
+//     answered it (its pid from BackendKeyData). Poolers answer connections
+//     themselves, with a pid of their own; see take.
+//
+// Otherwise it takes nothing and returns a null lock column. It marks the
+// session either way, so that a holder whose session another client used
+// learns of it at its next check. "offset 0" keeps the subquery from being
+// merged into the outer query, so that it reads the session before the
+// lock and the mark change it. Columns: pid, standby, why the session is
+// shared (or null), the lock (null: not attempted).
+const lockSQL = `select s.pid, s.standby, s.shared,
+	case when s.standby or s.shared is not null or s.pid <> all($4::int8[]) then null
+		else %s end,
+	set_config('withlock.session', $3, false)
+from (select pg_backend_pid() as pid, pg_is_in_recovery() as standby,
+		case when coalesce(current_setting('withlock.session', true), '') not in ('', $3)
+			then 'another connection had used this server session'
+		when exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid())
+			then 'this server session already held advisory locks'
+		end as shared
+	offset 0) s`
+
+var (
+	trySQL  = fmt.Sprintf(lockSQL, "pg_try_advisory_lock($1, $2)")
+	waitSQL = fmt.Sprintf(lockSQL, "(select true from pg_advisory_lock($1, $2))")
+)
+
+// maxProbes bounds the connections of one attempt behind a pooler.
+const maxProbes = 4
+
+// take makes one attempt to take name; with wait, it waits for it.
+//
+// Behind a pooler, one connection cannot tell its modes apart: a lone
+// client sees the same in both. So take marks the server session and
+// connects again, until a statement lands in a server process it has
+// marked before: still marked, that process serves several clients in
+// turn (transaction mode), and take refuses; unmarked, the pooler reset it
+// between two clients (session mode), and take locks there. Then it checks
+// once more, in a statement of its own, that the session stayed the same,
+// so that a pooler that moves statements or resets sessions after every
+// transaction is refused before the command runs.
+func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease, error) {
 	k1, k2 := Keys(name)
-	b.cancelOnServer.Store(true)
-	_, err = conn.Exec(ctx, "select pg_advisory_lock($1, $2)", k1, k2)
-	b.cancelOnServer.Store(false)
-	if err != nil {
-		if ctx.Err() != nil {
+	sql := trySQL
+	if wait {
+		sql = waitSQL
+	}
+	for probes := 1; ; probes++ {
+		conn, err := b.connect(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		accept := []int64{int64(conn.PgConn().PID())}
+		if b.pooled {
+			accept = b.seen
+		}
+		var (
+			pid     int64
+			standby bool
+			shared  *string
+			got     *bool
+		)
+		b.cancelOnServer.Store(wait)
+		err = conn.QueryRow(ctx, sql, k1, k2, b.token, accept).Scan(&pid, &standby, &shared, &got, nil)
+		b.cancelOnServer.Store(false)
+		switch {
+		case err != nil && wait && ctx.Err() != nil:
 			// The lock may have been granted just as we gave up; ending the
 			// session is the one sure way to leave nothing behind.
-			b.Close()
-			b.conn = nil
+			b.drop()
 			return nil, fmt.Errorf("postgres: wait for %q: %w", name, context.Cause(ctx))
+		case err != nil:
+			return nil, b.failed(err)
+		case standby:
+			b.drop()
+			return nil, lock.Errorf(lock.ErrRefused, "postgres at %s is a hot standby, where a lock excludes nobody on the primary; "+
+				"point withlock at the primary, or add target_session_attrs=read-write to a URL that lists every host", b.addr)
+		case shared != nil:
+			b.drop() // a session pool must not keep a server session for a refused client
+			return nil, b.pooler(*shared)
+		case got == nil:
+			if !b.pooled {
+				b.opts.Log.Debug("a pooler answered: connecting again to see whether it shares server sessions", "backend", "postgres", "addr", b.addr)
+			}
+			b.pooled = true
+			b.seen = append(b.seen, pid)
+			b.drop()
+			if probes == maxProbes {
+				return nil, lock.Errorf(lock.ErrUnavailable, "cannot tell whether the pooler at %s shares server sessions between clients: "+
+					"each of %d connections landed in another server process", b.addr, probes)
+			}
+			continue
+		case !*got:
+			return nil, lock.ErrHeld
 		}
-		return nil, b.failed(err)
+		l := &lease{b: b, conn: conn, k1: k1, k2: k2, pid: pid, token: b.token}
+		if b.pooled {
+			if why, err := l.check(ctx); err != nil {
+				return nil, b.failed(err)
+			} else if why != "" {
+				l.Release(ctx) // lands on the locking session only if the pid still matches
+				b.drop()
+				return nil, b.pooler(why)
+			}
+		}
+		return l, nil
 	}
-	return &lease{b: b, conn: conn, k1: k1, k2: k2}, nil
+}
+
+// pooler is the refusal of a server session that other clients share.
+func (b *backend) pooler(why string) error {
+	return lock.Errorf(lock.ErrRefused, "postgres at %s shares server sessions between clients (%s), so a lock there excludes nobody: "+
+		"a pooler in transaction or statement mode? Use a session-mode pool (PgBouncer pool_mode=session) or connect to the server directly", b.addr, why)
+}
+
+// drop ends the connection, and with it any lock it holds.
+func (b *backend) drop() {
+	b.Close()
+	b.conn = nil
 }
 
 // failed sorts an error from a statement; a connection that broke is
@@ -189,53 +398,102 @@ func (b *backend) failed(err error) error {
 	if b.conn != nil && b.conn.IsClosed() {
 		b.conn = nil
 	}
-	return b.classify(err)
+	kind, why := sortError(err)
+	return b.errorAt(b.addr, kind, why)
 }
 
-// classify sorts a driver error into lock's sentinels, with a message that
-// says what to do next.
-func (b *backend) classify(err error) error {
+// sortError sorts a driver error into ErrRefused or ErrUnavailable, and
+// says why in a few words. A network that fails (closed, reset, timed out)
+// is never a refusal, whatever step of the start-up it cut.
+func sortError(err error) (kind error, why string) {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch {
-		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
-			strings.HasPrefix(pgErr.Code, "57P"), // shutting down, starting up
-			pgErr.Code == "53300":                // too many connections
-			return lock.Unreachable("postgres at "+b.addr, pgErr.Message)
-		default: // authentication, permission, missing database, ...
-			return lock.Errorf(lock.ErrRefused, "postgres at %s refused: %s (SQLSTATE %s)", b.addr, pgErr.Message, pgErr.Code)
+	var tlsErr *tlsError
+	switch {
+	case errors.As(err, &pgErr):
+		if strings.HasPrefix(pgErr.Code, "08") || // connection exception
+			strings.HasPrefix(pgErr.Code, "57P") || // shutting down, starting up, terminated
+			strings.HasPrefix(pgErr.Code, "53") { // too many connections, out of memory
+			return lock.ErrUnavailable, pgErr.Message
 		}
+		// authentication, permission, missing database, ...
+		return lock.ErrRefused, fmt.Sprintf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
+	case errors.Is(err, errNoTLS):
+		return lock.ErrRefused, errNoTLS.Error()
+	case errors.As(err, &tlsErr):
+		return lock.ErrRefused, tlsErr.Error()
+	case errors.Is(err, pgconn.ErrReadOnlyConnection), errors.Is(err, pgconn.ErrStandbyConnection):
+		return lock.ErrUnavailable, "not the primary that target_session_attrs asks for"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return lock.ErrUnavailable, "connection closed"
 	}
-	msg := err.Error()
-	if strings.Contains(msg, "tls") || strings.Contains(msg, "x509") || strings.Contains(msg, "SSL") {
-		return lock.Errorf(lock.ErrRefused, "postgres at %s: %v", b.addr, err)
+	return lock.ErrUnavailable, lock.Reason(err)
+}
+
+// errorAt is the message of an error sorted by sortError, for the server
+// at addr.
+func (b *backend) errorAt(addr string, kind error, why string) error {
+	if kind == lock.ErrRefused {
+		return lock.Errorf(kind, "postgres at %s refused: %s", addr, why)
 	}
-	return lock.Unreachable("postgres at "+b.addr, lock.Reason(err))
+	return lock.Unreachable("postgres at "+addr, why)
 }
 
 type lease struct {
 	b      *backend
 	conn   *pgx.Conn
 	k1, k2 int32
+	pid    int64  // the server process that holds the lock
+	token  string // its mark on that session
 }
 
-// Keep checks that our session is alive and still holds the lock.
-func (l *lease) Keep(ctx context.Context) error {
-	var held bool
-	err := l.conn.QueryRow(ctx, `select exists(select 1 from pg_locks
+// keepSQL reads, in one round trip, everything Keep checks: the server
+// process, whether it is a standby now, the session's mark, and whether
+// the session still holds the lock.
+const keepSQL = `select pg_backend_pid(), pg_is_in_recovery(),
+	coalesce(current_setting('withlock.session', true), ''),
+	exists(select 1 from pg_locks
 		where locktype = 'advisory' and pid = pg_backend_pid() and granted
-		and classid::int8 = $1 and objid::int8 = $2 and objsubid = 2)`,
-		int64(uint32(l.k1)), int64(uint32(l.k2))).Scan(&held)
+		and classid::int8 = $1 and objid::int8 = $2 and objsubid = 2)`
+
+// check says what is wrong with the session, "" if nothing: err is set
+// only when the statement failed.
+func (l *lease) check(ctx context.Context) (why string, err error) {
+	var (
+		pid     int64
+		standby bool
+		mark    string
+		held    bool
+	)
+	err = l.conn.QueryRow(ctx, keepSQL, int64(uint32(l.k1)), int64(uint32(l.k2))).Scan(&pid, &standby, &mark, &held)
+	switch {
+	case err != nil:
+		return "", err
+	case pid != l.pid:
+		return fmt.Sprintf("our statements moved from server process %d to %d", l.pid, pid), nil
+	case standby:
+		return "the server is a hot standby now", nil
+	case mark != l.token:
+		return "another client ran statements in our session", nil
+	case !held:
+		return "the session no longer holds the advisory lock", nil
+	}
+	return "", nil
+}
+
+// Keep checks that our session is alive, still ours, on a primary, and
+// still holds the lock.
+func (l *lease) Keep(ctx context.Context) error {
+	why, err := l.check(ctx)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		// Out of time: the caller decides what an unanswered check means.
-		return l.b.classify(err)
+		return l.b.failed(err)
 	case err != nil && l.conn.IsClosed():
 		return l.sessionEnded(err)
 	case err != nil:
-		return l.b.classify(err)
-	case !held:
-		return lock.Errorf(lock.ErrLost, "the session no longer holds the advisory lock")
+		return l.b.failed(err)
+	case why != "":
+		return lock.Errorf(lock.ErrLost, "%s", why)
 	}
 	return nil
 }
@@ -254,7 +512,7 @@ func (l *lease) Watch(ctx context.Context) error {
 		case l.conn.IsClosed():
 			return l.sessionEnded(err)
 		default:
-			return l.b.classify(err)
+			return l.b.failed(err)
 		}
 	}
 }
@@ -264,15 +522,21 @@ func (l *lease) sessionEnded(err error) error {
 	if errors.As(err, &pgErr) {
 		return lock.Errorf(lock.ErrLost, "postgres ended the session: %s", pgErr.Message)
 	}
-	return lock.Errorf(lock.ErrLost, "the connection to postgres at %s broke (%s)", l.b.addr, lock.Reason(err))
+	_, why := sortError(err)
+	return lock.Errorf(lock.ErrLost, "the connection to postgres at %s broke (%s)", l.b.addr, why)
 }
 
+// Release unlocks, in the server process that holds the lock only: behind
+// a pooler the statement may land in another client's session.
 func (l *lease) Release(ctx context.Context) error {
-	var was bool
-	if err := l.conn.QueryRow(ctx, "select pg_advisory_unlock($1, $2)", l.k1, l.k2).Scan(&was); err != nil {
-		return l.b.classify(err)
-	}
-	if !was {
+	var was *bool
+	err := l.conn.QueryRow(ctx, "select case when pg_backend_pid() = $3 then pg_advisory_unlock($1, $2) end", l.k1, l.k2, l.pid).Scan(&was)
+	switch {
+	case err != nil:
+		return l.b.failed(err)
+	case was == nil:
+		return errors.New("postgres: our statements moved to another server process; the lock ends with the session that holds it")
+	case !*was:
 		return errors.New("postgres: the lock was no longer held at release")
 	}
 	return nil

@@ -189,6 +189,7 @@ func TestClassify(t *testing.T) {
 		{"closed port", "postgres://withlock:wrong-pw-1@127.0.0.1:" + strconv.Itoa(closedPort(t)) + "/postgres?sslmode=disable",
 			lock.ErrUnavailable, "connection refused"},
 		{"wrong password", withPassword(p.URL, "wrong-pw-1"), lock.ErrRefused, "password authentication failed"},
+		{"wrong password, no sslmode", strings.TrimSuffix(withPassword(p.URL, "wrong-pw-1"), "?sslmode=disable"), lock.ErrRefused, "password authentication failed"},
 		{"no such database", withDB(p.URL, "no_such_db"), lock.ErrRefused, `"no_such_db" does not exist`},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
