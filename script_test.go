@@ -496,10 +496,11 @@ func cmdBreaklease(ts *testscript.TestScript, neg bool, args []string) {
 		c, err := mongo.Connect(options.Client().ApplyURI(ts.Getenv("DB")))
 		ts.Check(err)
 		defer c.Disconnect(ctx)
-		res, err := c.Database(mongodb.DefaultDatabase).Collection("locks").DeleteOne(ctx, bson.D{{Key: "_id", Value: args[0]}})
+		// Every document of the lock's chain, as an operator might.
+		res, err := c.Database(mongodb.DefaultDatabase).Collection(mongodb.Collection).DeleteMany(ctx, bson.D{{Key: "name", Value: args[0]}})
 		ts.Check(err)
-		if res.DeletedCount != 1 {
-			ts.Fatalf("breaklease: no lease %q to delete", args[0])
+		if res.DeletedCount == 0 {
+			ts.Fatalf("breaklease: no documents of %q to delete", args[0])
 		}
 	default:
 		ts.Fatalf("breaklease: not for backend %s", ts.Getenv("BACKEND"))
