@@ -2,7 +2,7 @@
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/withlock/withlock/cmd.version=$(VERSION)
 
-.PHONY: build test test-race test-e2e lint deps bench
+.PHONY: build test test-race test-e2e lint deps bench stress
 
 # A static binary: no libc, runs in any container image.
 build:
@@ -10,7 +10,7 @@ build:
 
 # Everything, against real servers, with the race detector.
 test: deps lint
-	go test -race -count=1 ./...
+	go test -race -count=1 -timeout 30m ./...
 
 test-race: test
 
@@ -32,3 +32,11 @@ deps:
 bench: deps
 	go test -run '^$$' -bench . -benchtime 200x -count 5 ./internal/lock/...
 	go run ./internal/bench
+
+# The stress test of issue 15, not part of test (which runs a few seconds of it
+# per backend): 16 contenders take one lock STRESS_RUNS times per backend,
+# through a proxy that cuts connections and black-holes the network at random.
+# One line per backend at the end; see README, "Stress test".
+STRESS_RUNS ?= 1000
+stress: deps
+	go test -count=1 -v -timeout 90m -parallel 4 -run '^TestStress$$' ./internal/stress -stress.long -stress.runs $(STRESS_RUNS)

@@ -23,14 +23,13 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"golang.org/x/sys/unix"
 
-	"github.com/withlock/withlock/cmd"
 	"github.com/withlock/withlock/internal/lock/mongodb"
 	"github.com/withlock/withlock/internal/lock/redis"
 	"github.com/withlock/withlock/internal/testenv"
 )
 
-// The scripts in testdata/script run the real withlock binary (this test
-// binary, re-executed as "withlock") against real servers:
+// The scripts in testdata/script run the real withlock binary, built as
+// users get it (buildWithlock), against real servers:
 //
 //	testdata/script/cli       no backend needed: usage, version, help
 //	testdata/script/all       every backend runs each of these, with $DB set
@@ -41,9 +40,8 @@ import (
 //	testdata/script/lease     every lease backend (Redis, MongoDB)
 func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
-		"withlock": func() { os.Exit(cmd.Main()) },
-		"status":   expectStatus,
-		"pgtx":     holdTransaction,
+		"status": expectStatus,
+		"pgtx":   holdTransaction,
 	})
 }
 
@@ -109,7 +107,26 @@ func expectStatus() {
 	os.Exit(0)
 }
 
+// buildWithlock builds the withlock binary as a user gets it (static, no
+// race detector) into a directory of its own, for the scripts to run: a
+// race-instrumented test binary re-executed as withlock would be several
+// times slower and not what users run. The product's races are the unit
+// tests' business (go test -race).
+func buildWithlock(t *testing.T) string {
+	dir := t.TempDir()
+	cmd := osexec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "withlock"), ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building withlock for the scripts: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// binDir holds the withlock binary the scripts run; see buildWithlock.
+var binDir string
+
 func TestScripts(t *testing.T) {
+	binDir = buildWithlock(t)
 	pg := testenv.RequirePostgres(t)
 	npmDir := testenv.RequireNPM(t)
 	testenv.RequireRedis(t).Close() // fail or skip early if one is missing
@@ -225,6 +242,7 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 					st.server.Close()
 				}
 			})
+			e.Setenv("PATH", binDir+string(os.PathListSeparator)+e.Getenv("PATH"))
 			// Scripts choose their backend through $DB; none leaks in.
 			e.Setenv("WITHLOCK_DB", "")
 			e.Setenv("PG_CONNECTION_STRING", "")

@@ -53,6 +53,17 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 		} else {
 			lease, err = b.TryAcquire(ctx, name)
 		}
+		if err == nil && !waited && time.Since(sent) >= opts.TTL-opts.Grace {
+			// The answer came so late that the lease could run out before
+			// the command could be stopped: the keep loop would give it up
+			// at once. Give it back and try again, as after an outage.
+			took := time.Since(sent)
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			lease.Release(rctx)
+			cancel()
+			lease, err = nil, Errorf(ErrUnavailable, "the backend took %s to grant the lock, too long for a lease of %s to be kept (ttl - kill-after is %s); it was given back",
+				took.Round(time.Millisecond), opts.TTL, opts.TTL-opts.Grace)
+		}
 		if err == nil {
 			log.Debug("acquired", "took", since(start))
 			// A single attempt's lease began no earlier than the attempt

@@ -511,3 +511,39 @@ func TestOpenOptions(t *testing.T) {
 		}
 	}
 }
+
+// slowFirst is a script whose first TryAcquire answers only after delay.
+type slowFirst struct {
+	script
+	delay  time.Duration
+	leases []*fakeLease
+}
+
+func (s *slowFirst) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
+	if s.calls.Load() == 0 {
+		time.Sleep(s.delay)
+	}
+	s.calls.Add(1)
+	l := &fakeLease{}
+	s.leases = append(s.leases, l)
+	return l, nil
+}
+
+// TestLateGrantGivenBack: a lease granted after more than TTL-Grace could
+// run out before the command could be stopped; Acquire gives it back and
+// tries again rather than start the command on it.
+func TestLateGrantGivenBack(t *testing.T) {
+	t.Parallel()
+	b := &slowFirst{delay: 500 * time.Millisecond}
+	h, err := acquire(t, testCtx(t), b, lock.Options{TTL: 600 * time.Millisecond, Grace: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	mustNotBeLost(t, h)
+	if n := b.calls.Load(); n != 2 {
+		t.Fatalf("%d attempts; want the late one and one more", n)
+	}
+	if n := b.leases[0].releases.Load(); n != 1 {
+		t.Errorf("the late lease was released %d times; want 1", n)
+	}
+}

@@ -431,7 +431,9 @@ func TestHoldAtLeastKeepsChecking(t *testing.T) {
 	if err := h.Release(testCtx(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if n := l.keeps.Load(); n < 2 {
+	// Seven Keep intervals; a loaded machine may run fewer Keeps, but never
+	// none (before, the keep loop stopped when the hold began).
+	if n := l.keeps.Load(); n < 1 {
 		t.Errorf("%d Keeps during a hold of 7 Keep intervals; want the lock checked while held", n)
 	}
 	if n := l.releases.Load(); n != 1 {

@@ -1,0 +1,146 @@
+package stress
+
+import (
+	"flag"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	long     = flag.Bool("stress.long", false, "make stress: every backend (knownUnsafe too), until each has -stress.runs runs")
+	nRuns    = flag.Int("stress.runs", 1000, "with -stress.long: runs per backend")
+	short    = flag.Duration("stress.for", 5*time.Second, "without -stress.long: how long each backend is stressed")
+	hold     = flag.Duration("stress.hold", 100*time.Millisecond, "how long each critical section holds the lock")
+	seed     = flag.Uint64("stress.seed", 0, "seed of the fault injector (0: from the clock)")
+	noFaults = flag.Bool("stress.nofaults", false, "inject no faults: the contention alone, for comparison")
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// built holds the binaries, built once for all the tests of the package.
+var built struct {
+	once sync.Once
+	dir  string
+	bin  Binaries
+	err  error
+}
+
+func binaries(t *testing.T) Binaries {
+	t.Helper()
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "withlock-stress-"); built.err == nil {
+			built.bin, built.err = Build(built.dir)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.bin
+}
+
+// knownUnsafe are the backends that fail the stress test on main today, with
+// the reason. `make test` skips them so that it stays green while their fixes
+// are under way; `make stress` (-stress.long) runs them all the same. Remove
+// an entry when its fix lands: from then on a regression fails `make test`.
+var knownUnsafe = map[string]string{
+	// Empty since issue 15's MongoDB and PostgreSQL fixes landed.
+	// "mongodb": "issue 15: two holders at once and duplicate fencing tokens under faults",
+}
+
+// TestStress is issue 15's stress test: 16 contenders run the real withlock
+// (--ttl 3s --kill-after 1s --connect-timeout 60s) in a loop on one NAME,
+// through a proxy that cuts every connection or black-holes the network for
+// 1–4s every 0.5–2.5s. It fails on any overlap of two critical sections, a
+// fencing token that does not grow, or an exit status other than 0 and 70.
+func TestStress(t *testing.T) {
+	bin := binaries(t)
+	cfg := Config{
+		Contenders:     16,
+		Hold:           *hold,
+		TTL:            3 * time.Second,
+		KillAfter:      time.Second,
+		ConnectTimeout: 60 * time.Second,
+		Drain:          2 * time.Minute,
+		Faults:         Recipe,
+		Seed:           *seed,
+	}
+	if *noFaults {
+		cfg.Faults = nil
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = uint64(time.Now().UnixNano())
+	}
+	if *long {
+		cfg.Runs = *nRuns
+		cfg.Progress = time.Minute
+	} else {
+		cfg.For = *short
+	}
+	t.Logf("seed %d, hold %v, %d contenders, runs %d, for %v", cfg.Seed, cfg.Hold, cfg.Contenders, cfg.Runs, cfg.For)
+
+	var (
+		mu    sync.Mutex
+		lines = map[string]string{}
+	)
+	t.Run("backend", func(t *testing.T) {
+		for _, b := range Backends {
+			t.Run(b.Name, func(t *testing.T) {
+				if why, ok := knownUnsafe[b.Name]; ok && !*long {
+					t.Skipf("knownUnsafe: %s; make stress runs it", why)
+				}
+				t.Parallel()
+				rep := Stress(t, bin, b, cfg)
+				mu.Lock()
+				lines[b.Name] = rep.String()
+				mu.Unlock()
+				t.Log(rep)
+				for _, f := range rep.Failures() {
+					t.Error(f)
+				}
+				if rep.Entered == 0 {
+					t.Errorf("no critical section ran in %v: the harness did not work", rep.Took)
+				}
+				if *long && rep.Runs < cfg.Runs {
+					t.Errorf("%d runs, want %d", rep.Runs, cfg.Runs)
+				}
+			})
+		}
+	})
+	var table []string
+	for _, b := range Backends {
+		if l, ok := lines[b.Name]; ok {
+			table = append(table, l)
+		}
+	}
+	t.Logf("stress, %s:\n%s", time.Now().UTC().Format("2006-01-02"), strings.Join(table, "\n"))
+}
+
+// The harness sees real overlaps: with a lock of its own per contender,
+// sections run at once and Check must say so.
+func TestHarnessSeesOverlaps(t *testing.T) {
+	bin := binaries(t)
+	file := Backends[slices.IndexFunc(Backends, func(b Backend) bool { return b.Name == "file" })]
+	rep := Stress(t, bin, file, Config{
+		Contenders: 4, Hold: 200 * time.Millisecond,
+		TTL: 3 * time.Second, KillAfter: time.Second, ConnectTimeout: 10 * time.Second,
+		Runs: 8, Drain: time.Minute, Unlocked: true,
+	})
+	t.Log(rep)
+	if rep.Entered != 8 || rep.Exits[0] != 8 {
+		t.Fatalf("want 8 runs entered and exited 0: %v", rep)
+	}
+	if len(rep.Overlaps) == 0 {
+		t.Errorf("4 contenders without a common lock: no overlap seen")
+	}
+}
