@@ -143,6 +143,7 @@ func TestScripts(t *testing.T) {
 		}},
 		{"postgres", func(e *testscript.Env) (string, server, error) {
 			e.Setenv("PGHOSTPORT", fmt.Sprintf("127.0.0.1:%d", pg.Port))
+			e.Setenv("CLOSED", "postgres://u:hunter22@127.0.0.1:1/db")
 			// Advisory locks are per database: a database per script keeps
 			// scripts that run at once out of each other's way. Scripts that
 			// stop the server start one of their own ("server start").
@@ -218,6 +219,9 @@ type scriptState struct {
 
 type stateKey struct{}
 
+// recordsN are the backends that record a semaphore's N (SPEC §12).
+var recordsN = map[string]bool{"redis": true, "mongodb": true}
+
 // leaseBackends hold an expiring lease; the others a lock that lives with
 // their connection or open file.
 var leaseBackends = map[string]bool{"redis": true, "mongodb": true}
@@ -253,12 +257,19 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 				return os.Geteuid() == 0, nil
 			case "lease":
 				return leaseBackends[backend], nil
+			case "net":
+				// A backend on a network server, which can be unreachable.
+				return backend != "file" && backend != "", nil
+			case "records_n":
+				// The backend records a semaphore's N and refuses another.
+				return recordsN[backend], nil
 			}
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
 			"waitfile":   cmdWaitfile,
 			"waitmatch":  cmdWaitmatch,
+			"pidmatch":   cmdPidmatch,
 			"pgwait":     cmdPgwait,
 			"gone":       cmdGone,
 			"pgsql":      cmdPgsql,
@@ -314,6 +325,18 @@ func cmdWaitmatch(ts *testscript.TestScript, neg bool, args []string) {
 			ts.Fatalf("waitmatch: no line of %s matched %q within 30s; it holds:\n%s", args[0], args[1], data)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// pidmatch PIDFILE asserts that the last command's stdout says "pid N",
+// N being the pid in PIDFILE: status names the holding withlock.
+func cmdPidmatch(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: pidmatch PIDFILE")
+	}
+	pid := strings.TrimSpace(ts.ReadFile(args[0]))
+	if !regexp.MustCompile(`\bpid ` + regexp.QuoteMeta(pid) + `\b`).MatchString(ts.ReadFile("stdout")) {
+		ts.Fatalf("stdout does not say pid %s", pid)
 	}
 }
 

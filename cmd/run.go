@@ -35,14 +35,17 @@ const examples = `  # Deploy step: run the migration on one host only; the other
 // runFlags are the flags of the run form (and of the bare form).
 type runFlags struct {
 	connFlags
-	noWait       bool
-	timeout      time.Duration
-	conflictCode int
-	ttl          time.Duration
-	killAfter    time.Duration // zero: lock's default, 5s or ttl/3 when shorter
-	killAfterSet bool
-	onLost       string
-	holdAtLeast  time.Duration
+	noWait        bool
+	timeout       time.Duration
+	conflictCode  int
+	ttl           time.Duration
+	killAfter     time.Duration // zero: lock's default, 5s or ttl/3 when shorter
+	killAfterSet  bool
+	maxHoldersSet bool
+	onLost        string
+	holdAtLeast   time.Duration
+	shared        bool
+	maxHolders    int
 }
 
 func newRunCmd(env *environment, use string) *cobra.Command {
@@ -75,6 +78,7 @@ not executable/not found; 128+S stopped by signal S while waiting.`,
 				return err
 			}
 			f.killAfterSet = c.Flags().Changed("kill-after")
+			f.maxHoldersSet = c.Flags().Changed("max-holders")
 			status, err := runLocked(env, f, name, argv)
 			env.status = status
 			return err
@@ -89,6 +93,8 @@ not executable/not found; 128+S stopped by signal S while waiting.`,
 	fs.DurationVar(&f.killAfter, "kill-after", 0, "when the lock is lost, KILL the command this long after TERM (default 5s, or ttl/3 when shorter); must be shorter than --ttl")
 	fs.StringVar(&f.onLost, "on-lost", "stop", "when the lock is lost: stop (TERM, KILL, exit 70) or ignore (warn, let the command finish)")
 	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep NAME held until this long after acquisition, even if the command ends sooner")
+	fs.BoolVar(&f.shared, "shared", false, "take NAME in shared mode: any number of shared holders at once, none while an exclusive holder holds it")
+	fs.IntVar(&f.maxHolders, "max-holders", 0, "make NAME a semaphore: at most N holders at once (every holder of NAME must give the same N)")
 	return c
 }
 
@@ -127,6 +133,10 @@ func (f *runFlags) check() error {
 		return usagef("--on-lost is stop or ignore, not %q", f.onLost)
 	case f.conflictCode < 0 || f.conflictCode > 255:
 		return usagef("--conflict-exit-code must be 0-255")
+	case f.shared && f.maxHolders != 0:
+		return usagef("--shared and --max-holders cannot be combined: a lock is either shared or a semaphore")
+	case f.maxHolders < 0 || f.maxHoldersSet && f.maxHolders == 0:
+		return usagef("--max-holders must be at least 1, not %d", f.maxHolders)
 	case f.timeout < 0 || f.holdAtLeast < 0:
 		return usagef("durations cannot be negative")
 	case f.ttl <= 0 || f.killAfter < 0 || f.killAfterSet && f.killAfter == 0:
@@ -135,6 +145,26 @@ func (f *runFlags) check() error {
 		return usagef("--kill-after (%s) must be shorter than --ttl (%s), so the command is gone before the lease can expire", f.killAfter, f.ttl)
 	}
 	return nil
+}
+
+// mode is the lock mode the flags ask for. A semaphore of 1 is an exclusive
+// lock (SPEC §12), and is taken as one, so that it excludes and is excluded
+// by plain exclusive holders.
+func (f *runFlags) mode() lock.Mode {
+	switch {
+	case f.shared:
+		return lock.Shared
+	case f.maxHolders > 1:
+		return lock.Semaphore
+	}
+	return lock.Exclusive
+}
+
+func (f *runFlags) semaphoreN() int {
+	if f.mode() == lock.Semaphore {
+		return f.maxHolders
+	}
+	return 0
 }
 
 // stopsWait reports whether sig, arriving while we wait for the lock, ends
@@ -170,6 +200,8 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 	defer signal.Stop(sigs)
 
 	opts := lock.Options{
+		Mode:           f.mode(),
+		MaxHolders:     f.semaphoreN(),
 		NoWait:         f.noWait,
 		ConnectTimeout: f.connectTimeout,
 		TTL:            f.ttl,

@@ -502,7 +502,6 @@ func TestOpenOptions(t *testing.T) {
 	}
 	for _, bad := range []lock.Options{
 		{TTL: time.Second, Grace: time.Second},
-		{Mode: lock.Shared}, // until the backends have it
 		{Mode: "sometimes"},
 		{Mode: lock.Semaphore},
 		{Mode: lock.Shared, MaxHolders: 2},

@@ -70,10 +70,6 @@ func Open(rawURL string, opts Options) (*Client, error) {
 		}
 		return nil, Errorf(ErrUsage, "unknown scheme %q; %s", u.Scheme, schemesHint())
 	}
-	if opts.Mode != Exclusive {
-		// Until the backends have them (SPEC §12).
-		return nil, Errorf(ErrUsage, "%s locks are not supported yet", opts.Mode)
-	}
 	b, err := open(u, opts)
 	if err != nil {
 		return nil, err

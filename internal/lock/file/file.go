@@ -53,7 +53,10 @@ type backend struct {
 	held *os.File // the file of the lock taken through this backend, if any
 }
 
-func open(u *url.URL, _ lock.Options) (lock.Backend, error) {
+func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
+	if opts.Mode != lock.Exclusive {
+		return nil, lock.Errorf(lock.ErrUsage, "%s locks are not supported by the file backend yet", opts.Mode)
+	}
 	if u.Opaque != "" || (u.Host != "" && u.Host != "localhost") || u.Path == "" {
 		return nil, lock.Errorf(lock.ErrUsage, "a file URL names an absolute directory on this host: file:///var/lock/withlock")
 	}

@@ -169,6 +169,9 @@ type backend struct {
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
+	if opts.Mode != lock.Exclusive {
+		return nil, lock.Errorf(lock.ErrUsage, "%s locks are not supported by the mongodb backend yet", opts.Mode)
+	}
 	cs, err := connstring.Parse(u.String())
 	if err != nil {
 		return nil, lock.Errorf(lock.ErrUsage, "mongodb URL: %v", err)

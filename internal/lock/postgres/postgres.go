@@ -65,6 +65,9 @@ type backend struct {
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
+	if opts.Mode != lock.Exclusive {
+		return nil, lock.Errorf(lock.ErrUsage, "%s locks are not supported by the postgres backend yet", opts.Mode)
+	}
 	config, err := pgx.ParseConfig(u.String())
 	if err != nil {
 		return nil, lock.Errorf(lock.ErrUsage, "postgres URL: %v", err)

@@ -139,6 +139,9 @@ type backend struct {
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
+	if opts.Mode != lock.Exclusive {
+		return nil, lock.Errorf(lock.ErrUsage, "%s locks are not supported by the redis backend yet", opts.Mode)
+	}
 	// wait_replicas is ours; go-redis refuses options it does not know.
 	q := u.Query()
 	waitReplicas := 0
