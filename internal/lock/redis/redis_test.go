@@ -30,6 +30,8 @@ func TestConformance(t *testing.T) {
 				t.Fatalf("DEL %s: %q, %v", redis.Key(name), n, err)
 			}
 		})
+	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
+	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
 }
 
 func TestErrors(t *testing.T) {
@@ -256,7 +258,7 @@ func TestWaitReplicas(t *testing.T) {
 	if err := l.Keep(locktest.Context(t)); err != nil {
 		t.Errorf("Keep with a replica that acknowledges: %v", err)
 	}
-	if got := do(t, r.URL, "GET", redis.Key(name)); got == "(nil)" {
+	if got := do(t, r.URL, "EXISTS", redis.Key(name)); got != "1" {
 		t.Error("the replica does not have the lease")
 	}
 
