@@ -228,6 +228,20 @@ func TestReplica(t *testing.T) {
 		t.Errorf("the attempt on the replica left %s on the primary", redis.Key(name))
 	}
 
+	// status reads without writing: it works on a replica.
+	shown := name + "/shown"
+	ls, err := locktest.Open(t, p.URL, lock.Options{Mode: lock.Shared}).TryAcquire(locktest.Context(t), shown)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for do(t, r.URL, "EXISTS", redis.Key(shown)) != "1" {
+		time.Sleep(20 * time.Millisecond) // until the replica has it
+	}
+	st, err := locktest.Open(t, r.URL, lock.Options{}).Inspect(locktest.Context(t), shown)
+	if err != nil || len(st.Holders) != 1 || st.Mode != lock.Shared || st.Holders[0].Token != ls.(lock.Fenced).Token() {
+		t.Errorf("Inspect on a replica: %+v, %v; want the shared holder", st, err)
+	}
+
 	// A failover demotes the server we hold a lease on: a loss.
 	l, err := locktest.Open(t, p.URL, lock.Options{}).TryAcquire(locktest.Context(t), name)
 	if err != nil {

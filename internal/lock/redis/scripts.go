@@ -21,6 +21,10 @@ import goredis "github.com/redis/go-redis/v9"
 // Every script that may write a lease calls redis.replicate_commands first:
 // TIME and INFO are not deterministic, and servers before 5 replicate
 // scripts that use them only as their effects.
+//
+// A script that fails half-way keeps the writes it made (Redis has no
+// rollback): so a script that publishes does so before it deletes, and a
+// user who may not publish (an ACL) gets an error and changes nothing.
 
 // luaCommon are the helpers every script below starts with.
 const luaCommon = `
@@ -191,41 +195,26 @@ if kind(lock) ~= 'hash' then
   return 0
 end
 local n = prune(lock, (clock()))
-if redis.call('HDEL', lock, ARGV[1]) == 0 then
+if redis.call('HEXISTS', lock, ARGV[1]) == 0 then
   return 0
 end
+redis.call('PUBLISH', KEYS[2], '')
 if n == 1 then
   redis.call('DEL', lock)
+else
+  redis.call('HDEL', lock, ARGV[1])
 end
-redis.call('PUBLISH', KEYS[2], '')
 return 1`)
 
 	// unmark deletes the writer mark KEYS[1] if this client (ARGV[1]) set
 	// it, and tells the waiters that shared holders may come in again.
 	unmarkScript = goredis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', KEYS[2], '')
+  redis.call('DEL', KEYS[1])
   return 1
 end
 return 0`)
-
-	// inspect reads locks without writing: for each key, its type, its
-	// PTTL and, for a lock hash, its fields. The first element is the
-	// server's time in ms, which the holders' ENDS are compared with.
-	// Expired holders are left out by the caller, not deleted, so that
-	// status needs no write and works on a replica.
-	inspectScript = goredis.NewScript(luaCommon + `
-local out = {(clock())}
-for _, key in ipairs(KEYS) do
-  local k = kind(key)
-  local fields = {}
-  if k == 'hash' then
-    fields = redis.call('HGETALL', key)
-  end
-  out[#out + 1] = {k, redis.call('PTTL', key), fields}
-end
-return out`)
 
 	// break deletes the lock KEYS[1], whoever holds it, and tells the
 	// waiters (KEYS[2]). The fence counter stays, so tokens go on growing.
@@ -247,7 +236,7 @@ local fields = {}
 if k == 'hash' then
   fields = redis.call('HGETALL', lock)
 end
-redis.call('DEL', lock)
 redis.call('PUBLISH', KEYS[2], '')
+redis.call('DEL', lock)
 return {1, (clock()), k, fields}`)
 )

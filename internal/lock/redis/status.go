@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/withlock/withlock/internal/lock"
 )
 
@@ -29,7 +31,7 @@ func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) 
 
 // List returns every lock held right now: SCAN over withlock:* (never
 // KEYS, which would stop the server while it walks every key), each page
-// read by one script.
+// read in one transaction.
 func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 	var held []lock.State
 	seen := map[string]bool{} // SCAN may return a key more than once
@@ -61,26 +63,49 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 	return held, nil
 }
 
-// inspect reads the locks at keys (withlock:NAME each) in one script.
+// inspect reads the locks at keys (withlock:NAME each) in one
+// transaction, with the server's time to judge their holders' leases by.
+// It runs no script and writes nothing, so status needs only the right to
+// read the withlock:* keys (EVAL needs write access to its keys) and works
+// on a replica; expired holders are left out here, not deleted.
 func (b *backend) inspect(ctx context.Context, keys []string) ([]lock.State, error) {
-	reply, err := inspectScript.Run(ctx, b.client, keys).Slice()
-	if err != nil {
+	var (
+		now    *goredis.TimeCmd
+		kinds  = make([]*goredis.StatusCmd, len(keys))
+		pttls  = make([]*goredis.Cmd, len(keys))
+		fields = make([]*goredis.MapStringStringCmd, len(keys))
+	)
+	// The error of the transaction is its first command's that failed:
+	// HGETALL of a key that is no hash, which state does without.
+	b.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+		now = p.Time(ctx)
+		for i, k := range keys {
+			kinds[i] = p.Type(ctx, k)
+			pttls[i] = p.Do(ctx, "pttl", k)
+			fields[i] = p.HGetAll(ctx, k)
+		}
+		return nil
+	})
+	if err := now.Err(); err != nil {
 		return nil, b.classify(err)
 	}
-	if len(reply) != len(keys)+1 {
-		return nil, b.unexpected("inspect", reply)
-	}
-	now, _ := reply[0].(int64)
 	states := make([]lock.State, len(keys))
 	for i, key := range keys {
-		item, _ := reply[i+1].([]any)
-		if len(item) != 3 {
-			return nil, b.unexpected("inspect", reply)
+		kind, err := kinds[i].Result()
+		if err != nil {
+			return nil, b.classify(err)
 		}
-		kind, _ := item[0].(string)
-		pttl, _ := item[1].(int64)
-		fields, _ := item[2].([]any)
-		states[i] = b.state(key, now, kind, pttl, fields)
+		pttl, err := pttls[i].Int64()
+		if err != nil {
+			return nil, b.classify(err)
+		}
+		var f map[string]string
+		if kind == "hash" {
+			if f, err = fields[i].Result(); err != nil {
+				return nil, b.classify(err)
+			}
+		}
+		states[i] = b.state(key, now.Val().UnixMilli(), kind, pttl, f)
 	}
 	return states, nil
 }
@@ -88,7 +113,7 @@ func (b *backend) inspect(ctx context.Context, keys []string) ([]lock.State, err
 // state is the lock at key as read at the server's time now (ms): the
 // holders of a lock hash whose leases have not ended, or, for a key of
 // another type, one holder of which nothing is known.
-func (b *backend) state(key string, now int64, kind string, pttl int64, fields []any) lock.State {
+func (b *backend) state(key string, now int64, kind string, pttl int64, fields map[string]string) lock.State {
 	st := lock.State{Name: strings.TrimPrefix(key, Key("")), Key: key}
 	switch kind {
 	case "none":
@@ -105,9 +130,7 @@ func (b *backend) state(key string, now int64, kind string, pttl int64, fields [
 		st.Mode, st.Holders = lock.Exclusive, []lock.Holder{h}
 		return st
 	}
-	for i := 0; i+1 < len(fields); i += 2 {
-		field, _ := fields[i].(string)
-		value, _ := fields[i+1].(string)
+	for field, value := range fields {
 		switch field {
 		case "mode":
 			st.Mode = lock.Mode(value)
@@ -181,7 +204,13 @@ func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error)
 	case code == 1 && len(reply) == 4:
 		now, _ := reply[1].(int64)
 		kind, _ := reply[2].(string)
-		fields, _ := reply[3].([]any)
+		list, _ := reply[3].([]any)
+		fields := map[string]string{}
+		for i := 0; i+1 < len(list); i += 2 {
+			f, _ := list[i].(string)
+			v, _ := list[i+1].(string)
+			fields[f] = v
+		}
 		return b.state(Key(name), now, kind, -1, fields).Holders, nil
 	}
 	return nil, b.unexpected("break", reply)
