@@ -14,7 +14,7 @@ import goredis "github.com/redis/go-redis/v9"
 //
 // Each holder's lease ends on its own: every script that writes the hash
 // first deletes the holders whose ENDS has passed by the server's clock
-// (TIME), and the scripts that only read it leave them out. The key's own
+// (TIME); status, which only reads it, leaves them out. The key's own
 // expiry is the latest ENDS, so that a lock whose holders all vanished does
 // not stay behind. The hash is deleted when its last holder leaves.
 //
