@@ -160,6 +160,10 @@ func TestRestartWithoutData(t *testing.T) {
 	if !strings.Contains(err.Error(), "less than --ttl (2s)") {
 		t.Errorf("message %q does not say why", err)
 	}
+	shared := locktest.Open(t, r.URL, lock.Options{TTL: ttl, Mode: lock.Shared})
+	if _, err := shared.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrUnsettled) {
+		t.Errorf("a shared TryAcquire on a server up for less than ttl: %v; want ErrUnsettled", err)
+	}
 	// The old holder may be reconnecting: the first Keep can fail to reach.
 	for {
 		err := la.Keep(locktest.Context(t))
@@ -226,6 +230,11 @@ func TestReplica(t *testing.T) {
 	}
 	if got := do(t, p.URL, "EXISTS", redis.Key(name)); got != "0" {
 		t.Errorf("the attempt on the replica left %s on the primary", redis.Key(name))
+	}
+	for _, o := range []lock.Options{{Mode: lock.Shared}, {Mode: lock.Semaphore, MaxHolders: 2}} {
+		if _, err := locktest.Open(t, r.URL, o).TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrRefused) {
+			t.Errorf("TryAcquire in mode %s on a replica: %v; want ErrRefused", o.Mode, err)
+		}
 	}
 
 	// status reads without writing: it works on a replica.
