@@ -200,14 +200,12 @@ func holdRenewing(ctx context.Context, c *lock.Client, name string, who int, rng
 // stops a command that cannot renew), and leaves the lease to run out on
 // the server.
 func holdStalled(ctx context.Context, c *lock.Client, name string, who int, record func(stint)) error {
+	// Without a subscription (a server too busy to answer in time), it
+	// polls, as Acquire does.
 	released, stop, err := c.Backend.(lock.Notifier).Notify(ctx, name)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
+	if err == nil {
+		defer stop()
 	}
-	defer stop()
 	for {
 		sent := time.Now()
 		_, err := c.TryAcquire(ctx, name)
@@ -221,11 +219,15 @@ func holdStalled(ctx context.Context, c *lock.Client, name string, who int, reco
 		if ctx.Err() != nil {
 			return nil
 		}
-		if !errors.Is(err, lock.ErrHeld) {
-			return err
-		}
 		pause := time.Second
-		if d, ok := lock.Remaining(err); ok && d < pause {
+		switch d, ok := lock.Remaining(err); {
+		case errors.Is(err, lock.ErrUnavailable):
+			// A machine so busy that the server did not answer within
+			// go-redis's timeout: try again, as Acquire would.
+			pause = 100 * time.Millisecond
+		case !errors.Is(err, lock.ErrHeld):
+			return err
+		case ok && d < pause:
 			pause = d
 		}
 		t := time.NewTimer(pause)
