@@ -192,9 +192,13 @@ type statusObject struct {
 }
 
 func statusJSON(st lock.State, backend string) statusObject {
-	o := statusObject{Backend: backend, Key: st.Key, Held: len(st.Holders) > 0, Holders: []holderFields{}}
+	o := statusObject{Backend: backend, Held: len(st.Holders) > 0, Holders: []holderFields{}}
+	// key is for a lock whose name the backend cannot know (SPEC §10 has
+	// no key field): a named lock's key is the backend's business.
 	if st.Name != "" {
 		o.Name = &st.Name
+	} else {
+		o.Key = st.Key
 	}
 	if o.Held && st.Mode != "" {
 		mode := string(st.Mode)

@@ -47,6 +47,8 @@ func TestStatusJSON(t *testing.T) {
 			`{"name":"job","backend":"redis","held":true,"mode":"exclusive","max_holders":1,"holders":[{"host":"web-1","pid":4242,"command":["migrate","up"],"acquired_at":"2026-11-22T10:00:00Z","expires_at":"2026-11-22T10:00:15Z","token":7}],"host":"web-1","pid":4242,"command":["migrate","up"],"acquired_at":"2026-11-22T10:00:00Z","expires_at":"2026-11-22T10:00:15Z","token":7}`},
 		{"shared, partly unknown", lock.State{Name: "job", Mode: lock.Shared, Holders: []lock.Holder{h2, h1}},
 			`{"name":"job","backend":"redis","held":true,"mode":"shared","max_holders":null,"holders":[{"host":"web-2","pid":17,"command":null,"acquired_at":null,"expires_at":null,"token":null},{"host":"web-1","pid":4242,"command":["migrate","up"],"acquired_at":"2026-11-22T10:00:00Z","expires_at":"2026-11-22T10:00:15Z","token":7}],"host":"web-2","pid":17,"command":null,"acquired_at":null,"expires_at":null,"token":null}`},
+		{"a named lock's key is not shown", lock.State{Name: "job", Key: "withlock:job"},
+			`{"name":"job","backend":"redis","held":false,"mode":null,"max_holders":null,"holders":[],"host":null,"pid":null,"command":null,"acquired_at":null,"expires_at":null,"token":null}`},
 		{"no name", lock.State{Key: "advisory lock (1, 2)", Mode: lock.Exclusive, Holders: []lock.Holder{{PID: 9}}},
 			`{"name":null,"key":"advisory lock (1, 2)","backend":"redis","held":true,"mode":"exclusive","max_holders":1,"holders":[{"host":null,"pid":9,"command":null,"acquired_at":null,"expires_at":null,"token":null}],"host":null,"pid":9,"command":null,"acquired_at":null,"expires_at":null,"token":null}`},
 	} {

@@ -1,13 +1,20 @@
-// Package redis is the redis:// and rediss:// backend: a lease key
-// withlock:NAME holding the holder's random token, with an expiry that the
-// server keeps. Every write is a script that acts only while the key still
-// holds our token, so only the holder can renew or release its lease.
+// Package redis is the redis:// and rediss:// backend. The lock of NAME is
+// one hash, withlock:NAME, holding every holder's random token with the end
+// of its lease (by the server's clock), its fencing token and its record
+// (host, pid, command, when it acquired), and the lock's mode and a
+// semaphore's N (scripts.go has the layout). Every write is a script that
+// acts only for a token that is still a holder, so only a holder can renew
+// or release its own lease, and each holder's lease ends on its own.
 //
-// The script that takes the lease also sets the fencing token kept in
-// withlock-fence:NAME: the server's clock in microseconds, or one more than
-// the last token if that is larger. Tokens therefore keep growing when the
-// server loses its data, as long as its clock does not go back. A release
-// publishes on withlock:released:NAME, which waiters subscribe to.
+// The script that takes a place among the holders also sets the fencing
+// token kept in withlock-fence:NAME: the server's clock in microseconds, or
+// one more than the last token if that is larger. Tokens therefore keep
+// growing when the server loses its data, as long as its clock does not go
+// back, in every mode. A release publishes on withlock:released:NAME, which
+// waiters subscribe to. An exclusive waiter kept out by shared or semaphore
+// holders sets withlock-writer:NAME for a few seconds at each attempt; new
+// shared and semaphore holders wait while it is there, so that a stream of
+// them cannot starve the exclusive waiter.
 //
 // Before it takes a lease, the same script refuses a replica and holds back
 // on a server that started less than ttl ago: that server may have lost,
@@ -24,6 +31,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -59,89 +67,48 @@ const maxDial = 5 * time.Second
 // the run_id, so the key never carries over to the next start.
 const FreshKey = "withlock-fresh"
 
-// Key names. Exported for tests and for anyone who inspects a server. The
-// fence key is outside withlock:*, where every string is some name's lease.
-func Key(name string) string      { return "withlock:" + name }
-func FenceKey(name string) string { return "withlock-fence:" + name }
-func Channel(name string) string  { return "withlock:released:" + name }
+// Key names. Exported for tests and for anyone who inspects a server.
+// withlock:* holds only the names' lock hashes (List scans it); the fence
+// and the writer mark are outside it.
+func Key(name string) string       { return "withlock:" + name }
+func FenceKey(name string) string  { return "withlock-fence:" + name }
+func WriterKey(name string) string { return "withlock-writer:" + name }
+func Channel(name string) string   { return "withlock:released:" + name }
 
-// Replies of acquireScript: the first element of its array.
-const (
-	replyHeld     = 0 // {0, PTTL of the holder's lease}
-	replyAcquired = 1 // {1, fencing token}
-	replyTooYoung = 2 // {2, ms to wait, uptime in seconds}
-	replyReplica  = 3 // {3, role}
-)
-
-var (
-	// acquire takes the lease if it is free and sets the fencing token in
-	// the same step. It first refuses a replica (its role in INFO
-	// replication), and holds back while the server's uptime is below the
-	// ttl, unless KEYS[3] holds the server's run_id. uptime_in_seconds is
-	// whole seconds, truncated at both ends, so the server has been up for
-	// more than uptime-1 seconds: that is what is compared with the ttl.
-	//
-	// INFO and TIME are not deterministic: servers before 5 need
-	// replicate_commands before such a script may write.
-	acquireScript = goredis.NewScript(`
-if redis.replicate_commands then redis.replicate_commands() end
-local role = string.match(redis.call('INFO', 'replication'), 'role:([%w-]+)')
-if role and role ~= 'master' then
-  return {3, role}
-end
-local info = redis.call('INFO', 'server')
-local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
-if up then
-  local wait = tonumber(ARGV[2]) - (up - 1) * 1000
-  if wait > 0 and redis.call('GET', KEYS[3]) ~= string.match(info, 'run_id:(%x+)') then
-    return {2, wait, up}
-  end
-end
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {0, redis.call('PTTL', KEYS[1])}
-end
-local t = redis.call('TIME')
-local fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, t[1] * 1000000 + t[2])
-redis.call('SET', KEYS[2], string.format('%.0f', fence))
-return {1, fence}`)
-
-	// renew extends the lease by ARGV[2] ms if it is still ours. It
-	// returns 1 when it did, 0 when the lease is not ours, and -1 on a
-	// replica: a failover demoted the server we hold the lease on.
-	renewScript = goredis.NewScript(`
-local role = string.match(redis.call('INFO', 'replication'), 'role:([%w-]+)')
-if role and role ~= 'master' then
-  return -1
-end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0`)
-
-	// release deletes the lease if it is still ours and tells the waiters.
-	releaseScript = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[2], '')
-  return 1
-end
-return 0`)
-)
+// markTTL is how long an exclusive waiter's mark keeps new shared and
+// semaphore holders out. The waiter renews it at every attempt, and
+// lock.Client.Acquire makes one at least every second (its slow poll behind
+// notifications), so 3s outlasts the gap between two on a busy machine;
+// the mark of a waiter that was killed outright ends by itself this soon.
+const markTTL = 3 * time.Second
 
 type backend struct {
 	client *goredis.Client
 	addr   string
 	opts   lock.Options
+	// record is this holder's host, pid and command, as JSON, stored
+	// with its lease for withlock status.
+	record string
 	// waitReplicas is the URL's wait_replicas: how many replicas must
 	// acknowledge an acquisition or renewal (Redis WAIT) before it counts.
 	waitReplicas int
 	saidTooYoung bool // the wait for the server's uptime was logged
+	// id is this client's mark in a name's writer mark; marked is the
+	// name whose writer mark it set and has not cleared (by taking the
+	// lock) yet, for Close to clear.
+	id     string
+	marked string
+}
+
+// record is what a holder's lease says about it, besides the times and
+// the token that the acquire script adds.
+type record struct {
+	Host    string   `json:"host"`
+	PID     int      `json:"pid"`
+	Command []string `json:"command"`
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
-	if opts.Mode != lock.Exclusive {
-		return nil, lock.Errorf(lock.ErrUsage, "%s locks are not supported by the redis backend yet", opts.Mode)
-	}
 	// wait_replicas is ours; go-redis refuses options it does not know.
 	q := u.Query()
 	waitReplicas := 0
@@ -173,15 +140,50 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	// go-redis would send CLIENT SETINFO on every new connection; old
 	// servers and some proxies refuse it.
 	ropts.DisableIdentity = true
-	return &backend{client: goredis.NewClient(ropts), addr: ropts.Addr, opts: opts, waitReplicas: waitReplicas}, nil
+	rec, err := json.Marshal(record{Host: opts.Holder.Host, PID: opts.Holder.PID, Command: opts.Holder.Command})
+	if err != nil {
+		return nil, lock.Errorf(lock.ErrUsage, "redis: the holder's record: %v", err)
+	}
+	return &backend{
+		client:       goredis.NewClient(ropts),
+		addr:         ropts.Addr,
+		opts:         opts,
+		record:       string(rec),
+		waitReplicas: waitReplicas,
+		id:           lock.NewToken(),
+	}, nil
 }
 
-func (b *backend) Close() error { return b.client.Close() }
+// closeTimeout bounds Close's clearing of a writer mark left by a wait that
+// ended without the lock: without it, new shared holders would wait for
+// the mark to run out (markTTL).
+const closeTimeout = time.Second
 
+// Close clears the writer mark this client left, if any, and drops the
+// connection.
+func (b *backend) Close() error {
+	if b.marked != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		unmarkScript.Run(ctx, b.client, []string{WriterKey(b.marked), Channel(b.marked)}, b.id)
+		cancel()
+		b.marked = ""
+	}
+	return b.client.Close()
+}
+
+// TryAcquire takes a place among name's holders in the client's mode: the
+// only place for an exclusive lock, one of any number for a shared one, one
+// of N for a semaphore.
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
 	token := lock.NewToken()
-	ttl := b.opts.TTL.Milliseconds()
-	cmd, acks, err := b.run(ctx, acquireScript, []string{Key(name), FenceKey(name), FreshKey}, token, ttl)
+	// Only a waiter marks: a --no-wait attempt gives up at once, and its
+	// mark would only keep shared holders out for nothing.
+	var mark int64
+	if !b.opts.NoWait {
+		mark = markTTL.Milliseconds()
+	}
+	cmd, acks, err := b.run(ctx, acquireScript, []string{Key(name), FenceKey(name), FreshKey, WriterKey(name)},
+		token, b.opts.TTL.Milliseconds(), string(b.opts.Mode), b.opts.MaxHolders, b.record, b.id, mark)
 	if err != nil {
 		if cmd.Err() == nil {
 			// The lease may be ours but WAIT did not answer: give it back
@@ -197,6 +199,9 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	code, _ := reply[0].(int64)
 	switch code {
 	case replyAcquired:
+		if b.marked == name {
+			b.marked = "" // the script cleared our mark
+		}
 		fence, _ := reply[1].(int64)
 		l := &lease{b: b, name: name, token: token, fence: fence}
 		if acks >= 0 && acks < int64(b.waitReplicas) {
@@ -206,13 +211,31 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 		}
 		return l, nil
 	case replyHeld:
-		pttl, _ := reply[1].(int64)
-		if pttl < 0 {
-			// A key without expiry, which no withlock writes: someone
-			// else's. It is never freed by expiry, so no early retry.
+		left, _ := reply[1].(int64)
+		if len(reply) > 2 && reply[2] == int64(1) {
+			b.marked = name
+		}
+		return nil, lock.HeldFor(time.Duration(left) * time.Millisecond)
+	case replyOtherN:
+		n, _ := reply[1].(int64)
+		return nil, lock.Errorf(lock.ErrUsage, "%q is a semaphore of %d (--max-holders %d); this holder asked for %d", name, n, n, b.opts.MaxHolders)
+	case replyForeign:
+		kind, _ := reply[1].(string)
+		var pttl int64 = -1
+		if len(reply) > 2 {
+			pttl, _ = reply[2].(int64)
+		}
+		switch {
+		case kind == "string" && pttl >= 0:
+			// The lease of a withlock from before shared locks, which kept
+			// an exclusive holder's token in a string.
+			return nil, lock.HeldFor(time.Duration(pttl) * time.Millisecond)
+		case kind == "string":
+			// No withlock writes a key without expiry: someone else's. It
+			// is never freed by expiry, so no early retry.
 			return nil, lock.Errorf(lock.ErrHeld, "redis at %s: %s exists without an expiry; it is not a withlock lease", b.addr, Key(name))
 		}
-		return nil, lock.HeldFor(time.Duration(pttl) * time.Millisecond)
+		return nil, lock.Errorf(lock.ErrHeld, "redis at %s: %s is a %s, not a withlock lock; it counts as held until someone deletes it", b.addr, Key(name), kind)
 	case replyTooYoung:
 		wait, _ := reply[1].(int64)
 		var up int64

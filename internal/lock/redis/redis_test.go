@@ -30,6 +30,8 @@ func TestConformance(t *testing.T) {
 				t.Fatalf("DEL %s: %q, %v", redis.Key(name), n, err)
 			}
 		})
+	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
+	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
 }
 
 func TestErrors(t *testing.T) {
@@ -158,6 +160,10 @@ func TestRestartWithoutData(t *testing.T) {
 	if !strings.Contains(err.Error(), "less than --ttl (2s)") {
 		t.Errorf("message %q does not say why", err)
 	}
+	shared := locktest.Open(t, r.URL, lock.Options{TTL: ttl, Mode: lock.Shared})
+	if _, err := shared.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrUnsettled) {
+		t.Errorf("a shared TryAcquire on a server up for less than ttl: %v; want ErrUnsettled", err)
+	}
 	// The old holder may be reconnecting: the first Keep can fail to reach.
 	for {
 		err := la.Keep(locktest.Context(t))
@@ -225,6 +231,25 @@ func TestReplica(t *testing.T) {
 	if got := do(t, p.URL, "EXISTS", redis.Key(name)); got != "0" {
 		t.Errorf("the attempt on the replica left %s on the primary", redis.Key(name))
 	}
+	for _, o := range []lock.Options{{Mode: lock.Shared}, {Mode: lock.Semaphore, MaxHolders: 2}} {
+		if _, err := locktest.Open(t, r.URL, o).TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrRefused) {
+			t.Errorf("TryAcquire in mode %s on a replica: %v; want ErrRefused", o.Mode, err)
+		}
+	}
+
+	// status reads without writing: it works on a replica.
+	shown := name + "/shown"
+	ls, err := locktest.Open(t, p.URL, lock.Options{Mode: lock.Shared}).TryAcquire(locktest.Context(t), shown)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for do(t, r.URL, "EXISTS", redis.Key(shown)) != "1" {
+		time.Sleep(20 * time.Millisecond) // until the replica has it
+	}
+	st, err := locktest.Open(t, r.URL, lock.Options{}).Inspect(locktest.Context(t), shown)
+	if err != nil || len(st.Holders) != 1 || st.Mode != lock.Shared || st.Holders[0].Token != ls.(lock.Fenced).Token() {
+		t.Errorf("Inspect on a replica: %+v, %v; want the shared holder", st, err)
+	}
 
 	// A failover demotes the server we hold a lease on: a loss.
 	l, err := locktest.Open(t, p.URL, lock.Options{}).TryAcquire(locktest.Context(t), name)
@@ -256,7 +281,7 @@ func TestWaitReplicas(t *testing.T) {
 	if err := l.Keep(locktest.Context(t)); err != nil {
 		t.Errorf("Keep with a replica that acknowledges: %v", err)
 	}
-	if got := do(t, r.URL, "GET", redis.Key(name)); got == "(nil)" {
+	if got := do(t, r.URL, "EXISTS", redis.Key(name)); got != "1" {
 		t.Error("the replica does not have the lease")
 	}
 

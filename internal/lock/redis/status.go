@@ -1,0 +1,226 @@
+package redis
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// scanCount is the COUNT of each SCAN step of List: how many keys the
+// server looks at per round trip, not a limit on the result.
+const scanCount = 1000
+
+// Inspect returns name's holders whose leases have not ended by the
+// server's clock. It only reads, so it works with a user that may not
+// write, and on a replica.
+func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) {
+	states, err := b.inspect(ctx, []string{Key(name)})
+	if err != nil {
+		return lock.State{}, err
+	}
+	return states[0], nil
+}
+
+// List returns every lock held right now: SCAN over withlock:* (never
+// KEYS, which would stop the server while it walks every key), each page
+// read in one transaction.
+func (b *backend) List(ctx context.Context) ([]lock.State, error) {
+	var held []lock.State
+	seen := map[string]bool{} // SCAN may return a key more than once
+	var cursor uint64
+	for {
+		keys, next, err := b.client.Scan(ctx, cursor, Key("*"), scanCount).Result()
+		if err != nil {
+			return nil, b.classify(err)
+		}
+		keys = slices.DeleteFunc(keys, func(k string) bool { return seen[k] })
+		if len(keys) > 0 {
+			states, err := b.inspect(ctx, keys)
+			if err != nil {
+				return nil, err
+			}
+			for i, st := range states {
+				seen[keys[i]] = true
+				if len(st.Holders) > 0 {
+					held = append(held, st)
+				}
+			}
+		}
+		if next == 0 {
+			break
+		}
+		cursor = next
+	}
+	slices.SortFunc(held, func(x, y lock.State) int { return strings.Compare(x.Name, y.Name) })
+	return held, nil
+}
+
+// inspect reads the locks at keys (withlock:NAME each) in one
+// transaction, with the server's time to judge their holders' leases by.
+// It runs no script and writes nothing, so status needs only the right to
+// read the withlock:* keys (EVAL needs write access to its keys) and works
+// on a replica; expired holders are left out here, not deleted.
+func (b *backend) inspect(ctx context.Context, keys []string) ([]lock.State, error) {
+	var (
+		now    *goredis.TimeCmd
+		kinds  = make([]*goredis.StatusCmd, len(keys))
+		pttls  = make([]*goredis.Cmd, len(keys))
+		fields = make([]*goredis.MapStringStringCmd, len(keys))
+	)
+	// The error of the transaction is its first command's that failed:
+	// HGETALL of a key that is no hash, which state does without.
+	b.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+		now = p.Time(ctx)
+		for i, k := range keys {
+			kinds[i] = p.Type(ctx, k)
+			pttls[i] = p.Do(ctx, "pttl", k)
+			fields[i] = p.HGetAll(ctx, k)
+		}
+		return nil
+	})
+	if err := now.Err(); err != nil {
+		return nil, b.classify(err)
+	}
+	states := make([]lock.State, len(keys))
+	for i, key := range keys {
+		kind, err := kinds[i].Result()
+		if err != nil {
+			return nil, b.classify(err)
+		}
+		pttl, err := pttls[i].Int64()
+		if err != nil {
+			return nil, b.classify(err)
+		}
+		var f map[string]string
+		if kind == "hash" {
+			if f, err = fields[i].Result(); err != nil {
+				return nil, b.classify(err)
+			}
+		}
+		states[i] = b.state(key, now.Val().UnixMilli(), kind, pttl, f)
+	}
+	return states, nil
+}
+
+// state is the lock at key as read at the server's time now (ms): the
+// holders of a lock hash whose leases have not ended, or, for a key of
+// another type, one holder of which nothing is known.
+func (b *backend) state(key string, now int64, kind string, pttl int64, fields map[string]string) lock.State {
+	st := lock.State{Name: strings.TrimPrefix(key, Key("")), Key: key}
+	switch kind {
+	case "none":
+		return st
+	case "hash":
+	default:
+		// A string with an expiry is the lease of a withlock from before
+		// shared locks; anything else someone else's key. Either excludes
+		// every withlock, so status shows it held by someone unknown.
+		h := lock.Holder{}
+		if pttl >= 0 {
+			h.ExpiresAt = time.UnixMilli(now + pttl)
+		}
+		st.Mode, st.Holders = lock.Exclusive, []lock.Holder{h}
+		return st
+	}
+	for field, value := range fields {
+		switch field {
+		case "mode":
+			st.Mode = lock.Mode(value)
+		case "max":
+			st.MaxHolders, _ = strconv.Atoi(value)
+		default:
+			if h, ok := parseHolder(value); ok && h.ExpiresAt.UnixMilli() > now {
+				st.Holders = append(st.Holders, h)
+			}
+		}
+	}
+	if len(st.Holders) == 0 {
+		return lock.State{Name: st.Name, Key: key}
+	}
+	if st.Mode != lock.Semaphore {
+		st.MaxHolders = 0
+	}
+	slices.SortFunc(st.Holders, func(x, y lock.Holder) int {
+		if c := x.AcquiredAt.Compare(y.AcquiredAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.Token, y.Token)
+	})
+	return st
+}
+
+// parseHolder reads a holder's field value: "ENDS FENCE SINCE RECORD".
+func parseHolder(v string) (lock.Holder, bool) {
+	parts := strings.SplitN(v, " ", 4)
+	if len(parts) != 4 {
+		return lock.Holder{}, false
+	}
+	var n [3]int64
+	for i := range n {
+		var err error
+		if n[i], err = strconv.ParseInt(parts[i], 10, 64); err != nil {
+			return lock.Holder{}, false
+		}
+	}
+	var rec record
+	// A record that does not parse leaves the holder known by its lease
+	// alone; the lease is what counts.
+	json.Unmarshal([]byte(parts[3]), &rec)
+	return lock.Holder{
+		Host:       rec.Host,
+		PID:        rec.PID,
+		Command:    rec.Command,
+		ExpiresAt:  time.UnixMilli(n[0]),
+		Token:      n[1],
+		AcquiredAt: time.UnixMilli(n[2]),
+	}, true
+}
+
+// Break deletes name's lock whatever its holders, and publishes the
+// release so that waiters try at once. The fence counter stays: the next
+// holder's token still grows. The holders find their lease gone at their
+// next renewal (within ttl/3) and stop. A key at withlock:NAME that is no
+// lease (no expiry, or not a string or hash) is left alone: ErrHeld.
+func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error) {
+	reply, err := breakScript.Run(ctx, b.client, []string{Key(name), Channel(name)}).Slice()
+	if err != nil {
+		return nil, b.classify(err)
+	}
+	code, _ := reply[0].(int64)
+	switch {
+	case code == 0:
+		return nil, nil
+	case code == 2 && len(reply) == 2:
+		kind, _ := reply[1].(string)
+		return nil, lock.Errorf(lock.ErrHeld, "redis at %s: %s is a %s without an expiry, not a withlock lease; it was left alone (delete it yourself if you know whose it is)", b.addr, Key(name), kind)
+	case code == 1 && len(reply) == 4:
+		now, _ := reply[1].(int64)
+		kind, _ := reply[2].(string)
+		list, _ := reply[3].([]any)
+		fields := map[string]string{}
+		for i := 0; i+1 < len(list); i += 2 {
+			f, _ := list[i].(string)
+			v, _ := list[i+1].(string)
+			fields[f] = v
+		}
+		return b.state(Key(name), now, kind, -1, fields).Holders, nil
+	}
+	return nil, b.unexpected("break", reply)
+}
+
+func (b *backend) unexpected(script string, reply any) error {
+	return lock.Errorf(lock.ErrRefused, "redis at %s: unexpected reply %v to the %s script", b.addr, reply, script)
+}
+
+var (
+	_ lock.Inspector = (*backend)(nil)
+	_ lock.Breaker   = (*backend)(nil)
+)
