@@ -173,7 +173,7 @@ func (b *backend) trySemaphore(name, f string) (lock.Lease, error) {
 		err := b.lockKept(&a.slots[k], SlotName(f, k), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
 			l := newLease(b.path(f), a.main)
-			l.slot, l.slotPath = a.slots[k], b.path(SlotName(f, k))
+			l.slot, l.slotPath, l.slotCounts = a.slots[k], b.path(SlotName(f, k)), true
 			a.main, a.slots[k] = nil, nil
 			b.dropAttempt()
 			return b.hold(name, f, l)
@@ -344,6 +344,10 @@ func (b *backend) conflict(name string, r record) error {
 type lease struct {
 	path     string // the lock file
 	slotPath string // the slot's, if any
+	// slotCounts says the slot is a semaphore's, whose removal would let
+	// a newcomer make N+1 holders; a shared holder's record file excludes
+	// no one.
+	slotCounts bool
 
 	mu       sync.Mutex
 	main     *os.File
@@ -381,10 +385,10 @@ func (l *lease) errBroken() error {
 	return lock.Errorf(lock.ErrLost, "withlock release --force broke it (%s)", l.path)
 }
 
-// Keep checks that the lock was not broken and that its files are still
-// the ones locked: if someone removed or replaced one, a newcomer can lock
-// the new file while we hold the old one, so our lock no longer excludes
-// anyone.
+// Keep checks that the lock was not broken and that the files that
+// exclude others (the lock file, a semaphore's slot) are still the ones
+// locked: if someone removed or replaced one, a newcomer can lock the new
+// file while we hold the old one, so our lock no longer excludes anyone.
 func (l *lease) Keep(context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -400,7 +404,7 @@ func (l *lease) Keep(context.Context) error {
 		f    *os.File
 		path string
 	}{{l.main, l.path}, {l.slot, l.slotPath}} {
-		if held.f == nil {
+		if held.f == nil || held.f == l.slot && !l.slotCounts {
 			continue
 		}
 		same, err := samePath(held.f, held.path)

@@ -434,3 +434,35 @@ func TestFileNamesFit(t *testing.T) {
 		}
 	}
 }
+
+// TestRemovedSlot: a semaphore's slot excludes like the lock file (a
+// newcomer could lock a new slot of that name, N+1 holders), so its
+// removal is a loss; a shared holder's record file excludes no one, so its
+// removal is not.
+func TestRemovedSlot(t *testing.T) {
+	for _, tc := range []struct {
+		opts lock.Options
+		file func(string, int) string
+		lost bool
+	}{
+		{lock.Options{Mode: lock.Semaphore, MaxHolders: 2}, file.SlotName, true},
+		{lock.Options{Mode: lock.Shared}, file.SharedName, false},
+	} {
+		t.Run(string(tc.opts.Mode), func(t *testing.T) {
+			dir := t.TempDir()
+			c := locktest.Open(t, "file://"+dir, tc.opts)
+			l, err := c.TryAcquire(locktest.Context(t), "job")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Release(locktest.Context(t))
+			if err := os.Remove(tc.file(filepath.Join(dir, file.FileName("job")), 0)); err != nil {
+				t.Fatal(err)
+			}
+			err = l.Keep(locktest.Context(t))
+			if lost := errors.Is(err, lock.ErrLost); lost != tc.lost || !lost && err != nil {
+				t.Errorf("Keep after its %s file was removed: %v; want lost: %v", tc.opts.Mode, err, tc.lost)
+			}
+		})
+	}
+}
