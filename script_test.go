@@ -220,7 +220,7 @@ type scriptState struct {
 type stateKey struct{}
 
 // recordsN are the backends that record a semaphore's N (SPEC §12).
-var recordsN = map[string]bool{"redis": true, "mongodb": true}
+var recordsN = map[string]bool{"redis": true, "mongodb": true, "file": true}
 
 // leaseBackends hold an expiring lease; the others a lock that lives with
 // their connection or open file.
@@ -257,8 +257,10 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 				return os.Geteuid() == 0, nil
 			case "lease":
 				return leaseBackends[backend], nil
-			case "net":
+			case "networked":
 				// A backend on a network server, which can be unreachable.
+				// (Not "net": testscript's own [net] means "this machine
+				// reaches the internet" and is never asked here.)
 				return backend != "file" && backend != "", nil
 			case "records_n":
 				// The backend records a semaphore's N and refuses another.

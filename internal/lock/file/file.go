@@ -1,19 +1,49 @@
 // Package file is the file:///DIR backend: flock(2) on DIR/<escaped NAME>.lock,
 // the same file and the same lock that flock(1) takes, so the two exclude
-// each other. It works on one host only.
+// each other. It works on one host only, and on Linux only: it reads /proc
+// to say who holds a lock.
+//
+// The files of a lock NAME, all directly in DIR. F is FileName(NAME), at
+// most 205 bytes, so every name below stays under NAME_MAX (255); only main
+// files end in ".lock", so no name's files can be another name's.
+//
+//	F            the lock. An exclusive holder takes LOCK_EX (as flock(1)
+//	             does), a shared holder LOCK_SH (as flock -s does), a
+//	             semaphore holder LOCK_SH too, so that an exclusive holder,
+//	             withlock's or flock(1)'s, excludes them all. An exclusive
+//	             holder's record is written in it.
+//	F.<k>        slot k of a semaphore (0 <= k < N). A semaphore holder
+//	             takes LOCK_EX on the first free slot and writes its record
+//	             there.
+//	F.shared<k>  a shared holder's record: it takes LOCK_EX on the first
+//	             free one (no limit) and writes its record there. Kept apart
+//	             from a semaphore's slots, so that the locks alone tell a
+//	             semaphore's holders from shared ones.
+//	F.writer     the writer-waiting mark. An exclusive waiter holds LOCK_EX on
+//	             it while it waits; shared and semaphore holders take
+//	             LOCK_SH on it for a moment before the lock, so that they
+//	             queue behind a waiting writer instead of starving it.
+//
+// A record is one line of JSON (see record) that says who holds the lock.
+// It is written only through the descriptor that holds the lock, only into
+// a file that is empty or already holds a record, and cleared before the
+// lock is let go. The lock is the flock, not the content: /proc/locks says
+// who holds what, the record only adds the details.
+//
+// Lock directories are often writable by everyone (/tmp/locks). Every file
+// in DIR is opened with O_NOFOLLOW and must be a regular file with one link,
+// so that something planted at a lock file's name (a symbolic link, a FIFO,
+// a hard link to another file) is refused instead of opened or written.
 package file
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/withlock/withlock/internal/lock"
 )
@@ -24,7 +54,7 @@ func init() {
 
 // maxEscaped is the longest escaped name used as a file name; longer ones
 // are hashed, which keeps the file name under NAME_MAX (255) with room for
-// ".lock".
+// ".lock" and a slot's or the mark's suffix.
 const maxEscaped = 200
 
 // FileName returns the lock file's name for a lock name: every byte outside
@@ -48,166 +78,107 @@ func FileName(name string) string {
 	return b.String() + ".lock"
 }
 
-type backend struct {
-	dir  string
-	held *os.File // the file of the lock taken through this backend, if any
+// SlotName is the name of semaphore slot k of the lock file f (a
+// FileName).
+func SlotName(f string, k int) string { return f + "." + strconv.Itoa(k) }
+
+// SharedName is the name of the k-th shared holder's record file of the
+// lock file f.
+func SharedName(f string, k int) string { return f + ".shared" + strconv.Itoa(k) }
+
+// MarkName is the name of the writer-waiting mark of the lock file f.
+func MarkName(f string) string { return f + ".writer" }
+
+// nameOf returns the lock name that FileName turns into f, or "" when f is
+// hashed or was not made by FileName.
+func nameOf(f string) string {
+	esc, ok := strings.CutSuffix(f, ".lock")
+	if !ok || strings.HasPrefix(esc, "sha256-") {
+		return ""
+	}
+	var b strings.Builder
+	for i := 0; i < len(esc); i++ {
+		if esc[i] == '%' && i+2 < len(esc) {
+			if v, err := strconv.ParseUint(esc[i+1:i+3], 16, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(esc[i])
+	}
+	if FileName(b.String()) != f {
+		return ""
+	}
+	return b.String()
 }
 
-func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
-	if opts.Mode != lock.Exclusive {
-		return nil, lock.Errorf(lock.ErrUsage, "%s locks are not supported by the file backend yet", opts.Mode)
+// isFileOf reports whether the directory entry e is one of the files of the
+// lock file f: f itself, a slot, a shared holder's record file or the mark.
+func isFileOf(e, f string) bool {
+	rest, ok := strings.CutPrefix(e, f)
+	if !ok {
+		return false
 	}
+	if rest == "" || rest == ".writer" {
+		return true
+	}
+	digits, ok := strings.CutPrefix(rest, ".shared")
+	if !ok {
+		digits, ok = strings.CutPrefix(rest, ".")
+	}
+	if !ok || digits == "" {
+		return false
+	}
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// backend is one client of DIR. Exclusive and shared locks wait in flock(2)
+// itself (waiting); a semaphore waits for "any of N slots", which no single
+// flock can, so it is woken by the kernel when a file of the lock is closed
+// (semaphore, a lock.Notifier).
+type backend struct {
+	dir  string
+	opts lock.Options
+	held *lease   // the lock taken through this backend, if any
+	try  *attempt // a semaphore waiter's open files, kept between attempts
+}
+
+// waiting is the backend of exclusive and shared locks: a lock.Waiter.
+type waiting struct{ *backend }
+
+// semaphore is the backend of semaphores: a lock.Notifier.
+type semaphore struct{ *backend }
+
+func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	if u.Opaque != "" || (u.Host != "" && u.Host != "localhost") || u.Path == "" {
 		return nil, lock.Errorf(lock.ErrUsage, "a file URL names an absolute directory on this host: file:///var/lock/withlock")
 	}
 	if u.RawQuery != "" {
 		return nil, lock.Errorf(lock.ErrUsage, "file URLs take no query parameters")
 	}
-	return &backend{dir: filepath.Clean(u.Path)}, nil
+	b := &backend{dir: filepath.Clean(u.Path), opts: opts}
+	if opts.Mode == lock.Semaphore {
+		return semaphore{b}, nil
+	}
+	return waiting{b}, nil
 }
 
-// Close unlocks whatever is still held through b: the open file is the
+func (b *backend) path(f string) string { return filepath.Join(b.dir, f) }
+
+// Close unlocks whatever is still held through b: the open files are the
 // session.
 func (b *backend) Close() error {
+	b.dropAttempt()
 	if b.held == nil {
 		return nil
 	}
-	err := b.held.Close()
+	err := b.held.close()
 	b.held = nil
-	if errors.Is(err, os.ErrClosed) {
-		return nil
-	}
 	return err
-}
-
-func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
-	return b.acquire(ctx, name, false)
-}
-
-// Acquire waits in flock(2) itself, so the kernel hands the lock over the
-// moment it is free.
-func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) {
-	return b.acquire(ctx, name, true)
-}
-
-func (b *backend) acquire(ctx context.Context, name string, wait bool) (lock.Lease, error) {
-	path := filepath.Join(b.dir, FileName(name))
-	for {
-		f, err := b.openFile(path)
-		if err != nil {
-			return nil, err
-		}
-		if wait {
-			err = flockWait(ctx, f)
-		} else {
-			err = flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
-		}
-		if err != nil {
-			return nil, err
-		}
-		// Someone may have removed or replaced the file between our open and
-		// our flock; a lock on an unlinked file excludes nobody, so take the
-		// lock on whatever the path names now.
-		if same, _ := samePath(f, path); same {
-			b.held = f
-			return &lease{f: f, path: path}, nil
-		}
-		f.Close()
-	}
-}
-
-func (b *backend) openFile(path string) (*os.File, error) {
-	if err := os.MkdirAll(b.dir, 0o777); err != nil {
-		return nil, classify(fmt.Errorf("file: create %s: %w", b.dir, err))
-	}
-	// Read-only and world-writable-before-umask like flock(1), so that any
-	// user who can read the file can take the lock.
-	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o666)
-	if err != nil {
-		return nil, classify(fmt.Errorf("file: open %s: %w", path, err))
-	}
-	return f, nil
-}
-
-func classify(err error) error {
-	if errors.Is(err, os.ErrPermission) || errors.Is(err, syscall.EROFS) || errors.Is(err, syscall.ENOTDIR) {
-		return lock.Errorf(lock.ErrRefused, "%w", err)
-	}
-	return lock.Errorf(lock.ErrUnavailable, "%w", err)
-}
-
-func flock(f *os.File, how int) error {
-	for {
-		err := syscall.Flock(int(f.Fd()), how)
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, syscall.EINTR):
-			continue
-		case errors.Is(err, syscall.EWOULDBLOCK):
-			f.Close()
-			return lock.ErrHeld
-		default:
-			f.Close()
-			return classify(fmt.Errorf("file: flock %s: %w", f.Name(), err))
-		}
-	}
-}
-
-// flockWait blocks in flock(2) on another goroutine, since a blocked flock
-// cannot be interrupted. If ctx ends first, that goroutine closes the file
-// whenever its flock returns, so nothing stays locked.
-func flockWait(ctx context.Context, f *os.File) error {
-	done := make(chan error, 1)
-	go func() { done <- flock(f, syscall.LOCK_EX) }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		go func() {
-			if <-done == nil {
-				f.Close()
-			}
-		}()
-		return fmt.Errorf("file: wait for %s: %w", f.Name(), context.Cause(ctx))
-	}
-}
-
-// samePath reports whether path still names the file f has open.
-func samePath(f *os.File, path string) (bool, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return false, err
-	}
-	pi, err := os.Stat(path)
-	if err != nil {
-		return false, err
-	}
-	return os.SameFile(fi, pi), nil
-}
-
-type lease struct {
-	f    *os.File
-	path string
-}
-
-// Keep checks that the lock file is still the one we locked: if someone
-// removed or replaced it, a newcomer can lock the new file while we hold the
-// old one, so our lock no longer excludes anyone.
-func (l *lease) Keep(context.Context) error {
-	same, err := samePath(l.f, l.path)
-	if errors.Is(err, os.ErrNotExist) || err == nil && !same {
-		return lock.Errorf(lock.ErrLost, "%s was removed or replaced", l.path)
-	}
-	if err != nil {
-		return fmt.Errorf("file: check %s: %w", l.path, err)
-	}
-	return nil
-}
-
-// Release unlocks by closing the file. The file itself stays: removing it
-// would let a waiter that already opened it lock an unlinked file while a
-// newcomer locks a new one.
-func (l *lease) Release(context.Context) error {
-	return l.f.Close()
 }

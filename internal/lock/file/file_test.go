@@ -22,6 +22,26 @@ func TestConformance(t *testing.T) {
 	}, locktest.Options{Session: true})
 }
 
+// open is the suite's OpenFunc: clients of one directory per test.
+func open(t *testing.T) locktest.OpenFunc {
+	dir := t.TempDir()
+	return func(t *testing.T, opts lock.Options) *lock.Client {
+		return locktest.Open(t, "file://"+dir, opts)
+	}
+}
+
+// TestOperators: status and release --force. A holder is this test process
+// itself (OwnProcess): Break checks and signals the real holding process,
+// and the leases of this process, which all hear that signal, let go.
+func TestOperators(t *testing.T) {
+	locktest.RunOperators(t, open(t), locktest.OperatorOptions{OwnProcess: true})
+}
+
+// TestModes: shared locks and semaphores, whose N the slots' records keep.
+func TestModes(t *testing.T) {
+	locktest.RunModes(t, open(t), locktest.ModeOptions{RecordsN: true})
+}
+
 func TestFileName(t *testing.T) {
 	for _, tc := range []struct{ name, want string }{
 		{"plain", "plain.lock"},

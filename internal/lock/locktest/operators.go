@@ -3,6 +3,7 @@ package locktest
 import (
 	"context"
 	"errors"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -17,6 +18,11 @@ type OperatorOptions struct {
 	// Lease says the backend holds a lease with an end (ExpiresAt) and a
 	// fencing token.
 	Lease bool
+	// OwnProcess says the backend records the process that holds the lock
+	// (its host name and pid), not Options.Holder's, because Break finds
+	// and signals that very process (file): the holders are then expected
+	// to be this test process, with Options.Holder's command.
+	OwnProcess bool
 	// Lost waits until l, broken by Break, knows it is lost, and returns
 	// the error that says so (for a lease, Keep's; for a session, Watch's or
 	// Keep's). Nil means: Keep must say ErrLost at once.
@@ -28,7 +34,11 @@ type OperatorOptions struct {
 // of held locks, and breaking a lock so that its holder finds it lost.
 func RunOperators(t *testing.T, open OpenFunc, o OperatorOptions) {
 	holder := func(n int) lock.Holder {
-		return lock.Holder{Host: "host-" + string(rune('a'+n)), PID: 1000 + n, Command: []string{"sh", "-c", "echo it's \"quoted\"; exit 0"}}
+		h := lock.Holder{Host: "host-" + string(rune('a'+n)), PID: 1000 + n, Command: []string{"sh", "-c", "echo it's \"quoted\"; exit 0"}}
+		if o.OwnProcess {
+			h.Host, h.PID = lock.Hostname(), os.Getpid()
+		}
+		return h
 	}
 	inspect := func(t *testing.T, c *lock.Client, name string) lock.State {
 		t.Helper()
