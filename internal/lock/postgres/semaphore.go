@@ -142,24 +142,21 @@ func (b *backend) acquireSlot(ctx context.Context, name string) (lock.Lease, err
 	var d detector
 	defer d.stop()
 	for {
-		conn, err := b.connect(ctx, name)
-		if err != nil {
-			return nil, err
+		// The attempt comes first, so that its checks (a standby, a pooler)
+		// speak before anything else is asked of the server.
+		l, err := b.take(ctx, name, false)
+		var in blocked
+		if !errors.As(err, &in) {
+			return l, err
 		}
 		if b.listening != sem.channel {
-			// Before the attempt, so that a release after it is heard.
-			if _, err := conn.Exec(ctx, "listen "+pgx.Identifier{sem.channel}.Sanitize()); err != nil {
+			// Then LISTEN, and try again: a release between the two attempts
+			// is heard.
+			if _, err := b.conn.Exec(ctx, "listen "+pgx.Identifier{sem.channel}.Sanitize()); err != nil {
 				return nil, b.failed(err)
 			}
 			b.listening = sem.channel
-		}
-		l, err := b.take(ctx, name, false)
-		var in blocked
-		switch {
-		case !errors.As(err, &in):
-			return l, err
-		case b.listening != sem.channel:
-			continue // take connected again: listen there first
+			continue
 		}
 		if err := d.start(ctx, b, sem, in.what); err != nil {
 			return nil, err
