@@ -478,3 +478,15 @@ func TestEveryModeRefused(t *testing.T) {
 		t.Errorf("Break on a standby: %v; want ErrRefused", err)
 	}
 }
+
+// TestSemaphoreLimit: N and the slot number have 16 bits each in the keys;
+// a larger N is refused before connecting.
+func TestSemaphoreLimit(t *testing.T) {
+	_, err := lock.Open("postgres://u@127.0.0.1:1/db", lock.Options{Mode: lock.Semaphore, MaxHolders: 65536})
+	if !errors.Is(err, lock.ErrUsage) || !strings.Contains(err.Error(), "at most 65535") {
+		t.Errorf("Open with N = 65536: %v; want ErrUsage: at most 65535", err)
+	}
+	if _, err := lock.Open("postgres://u@127.0.0.1:1/db", lock.Options{Mode: lock.Semaphore, MaxHolders: 65535}); err != nil {
+		t.Errorf("Open with N = 65535: %v", err)
+	}
+}

@@ -115,9 +115,9 @@ const (
 	waitSlot
 )
 
-// detectSQL is a detector's statement: wait in the server's queue until the lock can be
-// had, then let it go at once, in the same statement. $1 is the key (the
-// bigint ones) or $1, $2 (NAME's).
+// detectSQL is a detector's statement: wait in the server's queue until
+// the lock can be had, then let it go at once, in the same statement. $1
+// is the key (the bigint ones), or $1, $2 (NAME's).
 var detectSQL = map[waitFor]string{
 	waitName: `select pg_advisory_unlock_shared($1::int4, $2::int4) from (select pg_advisory_lock_shared($1::int4, $2::int4) offset 0) w`,
 	waitMark: `select pg_advisory_unlock_shared($1::int8) from (select pg_advisory_lock_shared($1::int8) offset 0) w`,
