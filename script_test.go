@@ -220,7 +220,7 @@ type scriptState struct {
 type stateKey struct{}
 
 // recordsN are the backends that record a semaphore's N (SPEC §12).
-var recordsN = map[string]bool{"redis": true, "mongodb": true, "file": true}
+var recordsN = map[string]bool{"redis": true, "mongodb": true, "file": true, "postgres": true}
 
 // leaseBackends hold an expiring lease; the others a lock that lives with
 // their connection or open file.

@@ -158,6 +158,9 @@ func describeHolder(h lock.Holder) string {
 	if h.Token != 0 {
 		s += ", token " + strconv.FormatInt(h.Token, 10)
 	}
+	if h.Session != "" {
+		s += " (" + h.Session + ")"
+	}
 	if len(h.Command) > 0 {
 		s += ": " + strings.Join(h.Command, " ")
 	}
@@ -175,6 +178,9 @@ type holderFields struct {
 	AcquiredAt *string  `json:"acquired_at"`
 	ExpiresAt  *string  `json:"expires_at"`
 	Token      *int64   `json:"token"`
+	// Session is not one of SPEC §10's fields; it appears only where the
+	// backend has one (PostgreSQL).
+	Session string `json:"session,omitempty"`
 }
 
 // statusObject is withlock status --json's object: the lock, every holder,
@@ -241,6 +247,7 @@ func holderJSON(h lock.Holder) holderFields {
 	if h.Token != 0 {
 		f.Token = &h.Token
 	}
+	f.Session = h.Session
 	return f
 }
 

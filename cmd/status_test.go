@@ -26,6 +26,8 @@ func TestDescribe(t *testing.T) {
 			"rep: held (semaphore of 3) by 2 holders: web-1 pid 4242, web-2 pid 17"},
 		{lock.State{Key: "advisory lock (1, 2)", Holders: []lock.Holder{{PID: 9}}},
 			"advisory lock (1, 2): held by pid 9"},
+		{lock.State{Key: "advisory lock (1, 2)", Mode: lock.Exclusive, Holders: []lock.Holder{{Host: "10.0.0.7", Session: "postgres pid 77, user app"}}},
+			"advisory lock (1, 2): held (exclusive) by 10.0.0.7 (postgres pid 77, user app)"},
 	} {
 		if got := describe(tc.st); got != tc.want {
 			t.Errorf("describe(%+v)\n got %q\nwant %q", tc.st, got, tc.want)
@@ -51,6 +53,8 @@ func TestStatusJSON(t *testing.T) {
 			`{"name":"job","backend":"redis","held":false,"mode":null,"max_holders":null,"holders":[],"host":null,"pid":null,"command":null,"acquired_at":null,"expires_at":null,"token":null}`},
 		{"no name", lock.State{Key: "advisory lock (1, 2)", Mode: lock.Exclusive, Holders: []lock.Holder{{PID: 9}}},
 			`{"name":null,"key":"advisory lock (1, 2)","backend":"redis","held":true,"mode":"exclusive","max_holders":1,"holders":[{"host":null,"pid":9,"command":null,"acquired_at":null,"expires_at":null,"token":null}],"host":null,"pid":9,"command":null,"acquired_at":null,"expires_at":null,"token":null}`},
+		{"a session, where the backend has one", lock.State{Key: "advisory lock (1, 2)", Mode: lock.Exclusive, Holders: []lock.Holder{{Host: "10.0.0.7", Session: "postgres pid 77"}}},
+			`{"name":null,"key":"advisory lock (1, 2)","backend":"redis","held":true,"mode":"exclusive","max_holders":1,"holders":[{"host":"10.0.0.7","pid":null,"command":null,"acquired_at":null,"expires_at":null,"token":null,"session":"postgres pid 77"}],"host":"10.0.0.7","pid":null,"command":null,"acquired_at":null,"expires_at":null,"token":null,"session":"postgres pid 77"}`},
 	} {
 		b, err := json.Marshal(statusJSON(tc.st, "redis"))
 		if err != nil {

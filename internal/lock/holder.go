@@ -22,6 +22,11 @@ type Holder struct {
 	ExpiresAt time.Time
 	// Token is the holder's fencing token, where the backend gives one.
 	Token int64
+	// Session is what the server shows of the holder's connection, where
+	// the lock lives in one (PostgreSQL: the server process, the role, the
+	// client's address): how an operator finds it on the server, and all
+	// there is to know of a holder that is not withlock. Empty elsewhere.
+	Session string
 }
 
 // State is a lock as a backend sees it right now (withlock status).

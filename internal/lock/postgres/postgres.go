@@ -1,7 +1,10 @@
 // Package postgres is the postgres:// backend: a session advisory lock,
 // pg_advisory_lock(k1, k2), on one dedicated connection. The lock lives
 // exactly as long as that session, so PostgreSQL frees it whenever withlock
-// or its connection dies; there is no lease to renew.
+// or its connection dies; there is no lease to renew. Shared locks are
+// pg_advisory_lock_shared on the same keys; a semaphore adds a slot lock
+// (semaphore.go). What the session shows of its holder is in record.go;
+// status and release --force in status.go.
 package postgres
 
 import (
@@ -50,9 +53,15 @@ type backend struct {
 	hosts  []*host
 	opts   lock.Options
 
-	conn  *pgx.Conn
-	addr  string // host:port of conn's server (before connecting: the first host's), for messages
-	token string // conn's mark on its server session; see lockSQL
+	conn    *pgx.Conn
+	current *host  // conn's server
+	addr    string // host:port of conn's server (before connecting: the first host's), for messages
+	token   string // conn's mark on its server session; see lockSQL
+	// listening is the channel conn LISTENs on (a semaphore's waiter), and
+	// notified gets a value when a notification arrives, whatever conn was
+	// doing then; see acquireSlot.
+	listening string
+	notified  chan struct{}
 	// pooled says that a pooler is in between: the server ran our
 	// statements in another process than the one that answered the
 	// connection. seen lists the server processes our earlier connections
@@ -65,8 +74,8 @@ type backend struct {
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
-	if opts.Mode != lock.Exclusive {
-		return nil, lock.Errorf(lock.ErrUsage, "%s locks are not supported by the postgres backend yet", opts.Mode)
+	if opts.Mode == lock.Semaphore && opts.MaxHolders > maxSlots {
+		return nil, lock.Errorf(lock.ErrUsage, "a PostgreSQL semaphore has at most %d holders, not %d", maxSlots, opts.MaxHolders)
 	}
 	config, err := pgx.ParseConfig(u.String())
 	if err != nil {
@@ -90,11 +99,33 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	// its addresses.
 	config.LookupFunc = func(_ context.Context, host string) ([]string, error) { return []string{host}, nil }
 	config.TLSConfig, config.Fallbacks = nil, nil
-	b := &backend{config: config, hosts: hs, addr: hs[0].addr, opts: opts}
+	b := &backend{config: config, hosts: hs, addr: hs[0].addr, opts: opts, notified: make(chan struct{}, 1)}
 	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &ctxHandler{conn: c, cancelOnServer: &b.cancelOnServer}
 	}
+	config.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) {
+		select {
+		case b.notified <- struct{}{}:
+		default:
+		}
+	}
 	return b, nil
+}
+
+// sibling returns a backend for a second connection to the server of b's
+// connection, with b's options; it gets no notifications.
+func (b *backend) sibling() *backend {
+	config := b.config.Copy()
+	config.OnNotification = nil
+	h := b.current
+	if h == nil {
+		h = b.hosts[0]
+	}
+	s := &backend{config: config, hosts: []*host{h}, addr: h.addr, opts: b.opts}
+	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &ctxHandler{conn: c, cancelOnServer: &s.cancelOnServer}
+	}
+	return s
 }
 
 // targetSessionAttrs returns the check of the URL's target_session_attrs
@@ -207,7 +238,7 @@ func (b *backend) connect(ctx context.Context, name string) (*pgx.Conn, error) {
 		conn, err := pgx.ConnectConfig(ctx, config)
 		if err == nil {
 			b.opts.Log.Debug("connected", "backend", "postgres", "addr", h.addr, "took", time.Since(start).Round(10*time.Microsecond))
-			b.conn, b.addr, b.token = conn, h.addr, lock.NewToken()
+			b.conn, b.current, b.addr, b.token, b.listening = conn, h, h.addr, lock.NewToken(), ""
 			return conn, nil
 		}
 		kind, why := sortError(err)
@@ -252,9 +283,13 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	return b.take(ctx, name, false)
 }
 
-// Acquire waits in pg_advisory_lock, so that PostgreSQL hands the lock over
-// the moment its holder lets go.
+// Acquire waits in pg_advisory_lock (or pg_advisory_lock_shared), so that
+// PostgreSQL hands the lock over the moment its holder lets go, in the
+// order the requests came. A semaphore's waiter waits as acquireSlot says.
 func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) {
+	if b.opts.Mode == lock.Semaphore {
+		return b.acquireSlot(ctx, name)
+	}
 	return b.take(ctx, name, true)
 }
 
@@ -277,26 +312,45 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 //
 // Otherwise it takes nothing and returns a null lock column. It marks the
 // session either way, so that a holder whose session another client used
-// learns of it at its next check. "offset 0" keeps the subquery from being
-// merged into the outer query, so that it reads the session before the
-// lock and the mark change it. Columns: pid, standby, why the session is
-// shared (or null), the lock (null: not attempted).
-const lockSQL = `select s.pid, s.standby, s.shared,
-	case when s.standby or s.shared is not null or s.pid <> all($4::int8[]) then null
-		else %s end,
+// learns of it at its next check. "offset 0" keeps each subquery from being
+// merged into the one around it, so that the checks read the session before
+// the lock and the mark change it, and the time is read after the lock is
+// granted. These checks are the same in every mode; %s is the mode's lock.
+//
+// Its first value is the holder's record ($5; see record.go), so that
+// pg_stat_activity shows it from the moment the statement starts. Columns:
+// the record, pid, standby, why the session is shared (or null), the lock
+// (null: not attempted; 0 or, for a semaphore, the slot: taken; negative:
+// not taken, see semTrySQL), the server's time after the lock, and the
+// release of whatever a failed semaphore attempt took on its way.
+const lockSQL = `select $5::text as withlock, x.pid, x.standby, x.shared, x.v, clock_timestamp(),
+	case when x.v < 0 then pg_advisory_unlock_all() end,
 	set_config('withlock.session', $3, false)
-from (select pg_backend_pid() as pid, pg_is_in_recovery() as standby,
-		case when coalesce(current_setting('withlock.session', true), '') not in ('', $3)
-			then 'another connection had used this server session'
-		when exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid())
-			then 'this server session already held advisory locks'
-		end as shared
-	offset 0) s`
+from (select s.*, case when s.standby or s.shared is not null or s.pid <> all($4::int8[]) then null
+		else %s end as v
+	from (select pg_backend_pid() as pid, pg_is_in_recovery() as standby,
+			case when coalesce(current_setting('withlock.session', true), '') not in ('', $3)
+				then 'another connection had used this server session'
+			when exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid())
+				then 'this server session already held advisory locks'
+			end as shared
+		offset 0) s
+	offset 0) x`
 
-var (
-	trySQL  = fmt.Sprintf(lockSQL, "pg_try_advisory_lock($1, $2)")
-	waitSQL = fmt.Sprintf(lockSQL, "(select true from pg_advisory_lock($1, $2))")
-)
+// lockSQLs are the lock statements of each mode: a single attempt, and a
+// wait in the server's queue. A semaphore has no wait statement; see
+// acquireSlot.
+var lockSQLs = map[lock.Mode][2]string{
+	lock.Exclusive: {
+		fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock($1::int4, $2::int4) then 0 else -1 end"),
+		fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock($1::int4, $2::int4))"),
+	},
+	lock.Shared: {
+		fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock_shared($1::int4, $2::int4) then 0 else -1 end"),
+		fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock_shared($1::int4, $2::int4))"),
+	},
+	lock.Semaphore: {fmt.Sprintf(lockSQL, semTrySQL)},
+}
 
 // maxProbes bounds the connections of one attempt behind a pooler.
 const maxProbes = 4
@@ -312,12 +366,22 @@ const maxProbes = 4
 // once more, in a statement of its own, that the session stayed the same,
 // so that a pooler that moves statements or resets sessions after every
 // transaction is refused before the command runs.
+//
+// The statement goes by the simple protocol, so that its values are
+// written into its text (quoted by pgx) and pg_stat_activity shows the
+// record; it is still one round trip.
 func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease, error) {
 	k1, k2 := Keys(name)
-	sql := trySQL
-	if wait {
-		sql = waitSQL
+	mode := b.opts.Mode
+	var sem *semaphore
+	if mode == lock.Semaphore {
+		sem = newSemaphore(name, b.opts.MaxHolders)
 	}
+	sql := lockSQLs[mode][0]
+	if wait {
+		sql = lockSQLs[mode][1]
+	}
+	rec := b.record(name, nil)
 	for probes := 1; ; probes++ {
 		conn, err := b.connect(ctx, name)
 		if err != nil {
@@ -327,14 +391,19 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 		if b.pooled {
 			accept = b.seen
 		}
+		args := []any{pgx.QueryExecModeSimpleProtocol, k1, k2, b.token, accept, rec}
+		if sem != nil {
+			args = append(args, sem.n, sem.mark(), sem.markHi, sem.markMid, sem.slotBase)
+		}
 		var (
 			pid     int64
 			standby bool
 			shared  *string
-			got     *bool
+			v       *int64
+			at      time.Time
 		)
 		b.cancelOnServer.Store(wait)
-		err = conn.QueryRow(ctx, sql, k1, k2, b.token, accept).Scan(&pid, &standby, &shared, &got, nil)
+		err = conn.QueryRow(ctx, sql, args...).Scan(nil, &pid, &standby, &shared, &v, &at, nil, nil)
 		b.cancelOnServer.Store(false)
 		switch {
 		case err != nil && wait && ctx.Err() != nil:
@@ -351,7 +420,7 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 		case shared != nil:
 			b.drop() // a session pool must not keep a server session for a refused client
 			return nil, b.pooler(*shared)
-		case got == nil:
+		case v == nil:
 			if !b.pooled {
 				b.opts.Log.Debug("a pooler answered: connecting again to see whether it shares server sessions", "backend", "postgres", "addr", b.addr)
 			}
@@ -363,10 +432,18 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 					"each of %d connections landed in another server process", b.addr, probes)
 			}
 			continue
-		case !*got:
+		case *v <= -4:
+			return nil, lock.Errorf(lock.ErrUsage, "%q is a semaphore of %d (--max-holders %d); this holder asked for %d", name, -4-*v, -4-*v, sem.n)
+		case *v == -1 && sem != nil:
+			return nil, blocked{waitName}
+		case *v == -2:
+			return nil, blocked{waitSlot}
+		case *v == -3:
+			return nil, blocked{waitMark}
+		case *v < 0:
 			return nil, lock.ErrHeld
 		}
-		l := &lease{b: b, conn: conn, k1: k1, k2: k2, pid: pid, token: b.token}
+		l := &lease{b: b, conn: conn, k1: k1, k2: k2, mode: mode, sem: sem, slot: int(*v), pid: pid, token: b.token, record: b.record(name, &at)}
 		if b.pooled {
 			if why, err := l.check(ctx); err != nil {
 				return nil, b.failed(err)
@@ -380,6 +457,18 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 	}
 }
 
+// record is this holder's record (see record.go) for a lock on name,
+// granted at at (nil while it is being taken).
+func (b *backend) record(name string, at *time.Time) string {
+	h := b.opts.Holder
+	r := record{Withlock: 1, Host: h.Host, PID: h.PID, Name: name, Command: h.Command}
+	if at != nil {
+		t := at.UTC()
+		r.At = &t
+	}
+	return r.fit()
+}
+
 // pooler is the refusal of a server session that other clients share.
 func (b *backend) pooler(why string) error {
 	return lock.Errorf(lock.ErrRefused, "postgres at %s shares server sessions between clients (%s), so a lock there excludes nobody: "+
@@ -389,7 +478,7 @@ func (b *backend) pooler(why string) error {
 // drop ends the connection, and with it any lock it holds.
 func (b *backend) drop() {
 	b.Close()
-	b.conn = nil
+	b.conn, b.listening = nil, ""
 }
 
 // failed sorts an error from a statement; a connection that broke is
@@ -423,7 +512,10 @@ func sortError(err error) (kind error, why string) {
 		return lock.ErrRefused, tlsErr.Error()
 	case errors.Is(err, pgconn.ErrReadOnlyConnection), errors.Is(err, pgconn.ErrStandbyConnection):
 		return lock.ErrUnavailable, "not the primary that target_session_attrs asks for"
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		// What pgx says of a connection that closed under a statement sent by
+		// the simple protocol: its reader drops the EOF (pgx 5.12).
+		errors.Is(err, pgconn.ErrConnClosed):
 		return lock.ErrUnavailable, "connection closed"
 	}
 	return lock.ErrUnavailable, lock.Reason(err)
@@ -442,18 +534,47 @@ type lease struct {
 	b      *backend
 	conn   *pgx.Conn
 	k1, k2 int32
-	pid    int64  // the server process that holds the lock
-	token  string // its mark on that session
+	mode   lock.Mode
+	sem    *semaphore // a semaphore's keys; nil in the other modes
+	slot   int        // a semaphore's slot
+	pid    int64      // the server process that holds the lock
+	token  string     // its mark on that session
+	record string     // the holder's record, with the time of the grant
 }
 
 // keepSQL reads, in one round trip, everything Keep checks: the server
 // process, whether it is a standby now, the session's mark, and whether
-// the session still holds the lock.
-const keepSQL = `select pg_backend_pid(), pg_is_in_recovery(),
+// the session still holds the lock. Its first value is the holder's record
+// again ($3), so that pg_stat_activity keeps showing it. %s is more for a
+// semaphore: keepSlotSQL.
+const keepSQL = `select $3::text as withlock, pg_backend_pid(), pg_is_in_recovery(),
 	coalesce(current_setting('withlock.session', true), ''),
 	exists(select 1 from pg_locks
 		where locktype = 'advisory' and pid = pg_backend_pid() and granted
-		and classid::int8 = $1 and objid::int8 = $2 and objsubid = 2)`
+		and classid::int8 = $1 and objid::int8 = $2 and objsubid = 2)%s`
+
+// keepSlotSQL checks that a semaphore's holder still holds its slot ($4,
+// $5: its pg_locks classid and objid), and wakes the semaphore's waiters
+// ($8 is the channel) when a slot is free while someone waits in the
+// server's queue for one (a detector, see acquireSlot): a holder whose
+// session ended without a release frees its slot without a NOTIFY. $6 is
+// the upper objid of the slots, $7 N.
+const keepSlotSQL = `
+	and exists(select 1 from pg_locks
+		where locktype = 'advisory' and pid = pg_backend_pid() and granted
+		and classid::int8 = $4 and objid::int8 = $5 and objsubid = 1),
+	case when (select count(*) from pg_locks
+			where locktype = 'advisory' and objsubid = 1 and granted and ` + thisDB + `
+			and classid::int8 = $4 and objid::int8 >> 16 = $6) < $7
+		and exists(select 1 from pg_locks
+			where locktype = 'advisory' and objsubid = 1 and not granted and ` + thisDB + `
+			and classid::int8 = $4 and objid::int8 >> 16 = $6)
+		then pg_notify($8, '') end`
+
+var (
+	keepOneSQL = fmt.Sprintf(keepSQL, "")
+	keepSemSQL = fmt.Sprintf(keepSQL, keepSlotSQL)
+)
 
 // check says what is wrong with the session, "" if nothing: err is set
 // only when the statement failed.
@@ -464,7 +585,15 @@ func (l *lease) check(ctx context.Context) (why string, err error) {
 		mark    string
 		held    bool
 	)
-	err = l.conn.QueryRow(ctx, keepSQL, int64(uint32(l.k1)), int64(uint32(l.k2))).Scan(&pid, &standby, &mark, &held)
+	args := []any{pgx.QueryExecModeSimpleProtocol, int64(uint32(l.k1)), int64(uint32(l.k2)), l.record}
+	dest := []any{nil, &pid, &standby, &mark, &held}
+	sql := keepOneSQL
+	if l.sem != nil {
+		sql = keepSemSQL
+		args = append(args, l.sem.slotHi, int64(uint32(l.sem.slot(l.slot))), l.sem.slotMid, l.sem.n, l.sem.channel)
+		dest = append(dest, nil)
+	}
+	err = l.conn.QueryRow(ctx, sql, args...).Scan(dest...)
 	switch {
 	case err != nil:
 		return "", err
@@ -526,11 +655,26 @@ func (l *lease) sessionEnded(err error) error {
 	return lock.Errorf(lock.ErrLost, "the connection to postgres at %s broke (%s)", l.b.addr, why)
 }
 
-// Release unlocks, in the server process that holds the lock only: behind
-// a pooler the statement may land in another client's session.
+// releaseSQLs unlock, in the server process that holds the lock only
+// ($3 or $2): behind a pooler the statement may land in another client's
+// session. A semaphore's holder lets go of its three locks and wakes the
+// waiters (its channel is $3).
+var releaseSQLs = map[lock.Mode]string{
+	lock.Exclusive: `select case when pg_backend_pid() = $3 then pg_advisory_unlock($1::int4, $2::int4) end`,
+	lock.Shared:    `select case when pg_backend_pid() = $3 then pg_advisory_unlock_shared($1::int4, $2::int4) end`,
+	lock.Semaphore: `select x.was, case when x.was is not null then pg_advisory_unlock_all() end, pg_notify($3, '')
+		from (select case when pg_backend_pid() = $2 then pg_advisory_unlock($1::int8) end as was offset 0) x`,
+}
+
+// Release unlocks, in the server process that holds the lock only.
 func (l *lease) Release(ctx context.Context) error {
 	var was *bool
-	err := l.conn.QueryRow(ctx, "select case when pg_backend_pid() = $3 then pg_advisory_unlock($1, $2) end", l.k1, l.k2, l.pid).Scan(&was)
+	var err error
+	if l.sem != nil {
+		err = l.conn.QueryRow(ctx, releaseSQLs[l.mode], l.sem.slot(l.slot), l.pid, l.sem.channel).Scan(&was, nil, nil)
+	} else {
+		err = l.conn.QueryRow(ctx, releaseSQLs[l.mode], l.k1, l.k2, l.pid).Scan(&was)
+	}
 	switch {
 	case err != nil:
 		return l.b.failed(err)

@@ -45,6 +45,25 @@ func TestConformance(t *testing.T) {
 	}, locktest.Options{Session: true})
 }
 
+// TestOperators: holder records (as the holder's session shows them),
+// status and release --force. A broken holder's next Keep finds its
+// session ended.
+func TestOperators(t *testing.T) {
+	db := database(t, testenv.RequirePostgres(t))
+	locktest.RunOperators(t, func(t *testing.T, opts lock.Options) *lock.Client {
+		return locktest.Open(t, db, opts)
+	}, locktest.OperatorOptions{})
+}
+
+// TestModes: shared locks and semaphores, with N recorded (the mark of N,
+// in pg_locks).
+func TestModes(t *testing.T) {
+	db := database(t, testenv.RequirePostgres(t))
+	locktest.RunModes(t, func(t *testing.T, opts lock.Options) *lock.Client {
+		return locktest.Open(t, db, opts)
+	}, locktest.ModeOptions{RecordsN: true})
+}
+
 // TestKeys: the keys of SPEC §2, as the npm package advisory-lock derives
 // them. The values were computed with node's crypto:
 //
