@@ -2,7 +2,7 @@
 // URL on stdout, and removes it when stdin closes or on INT/TERM. For
 // benchmarks and manual trials:
 //
-//	go run ./internal/testenv/serve postgres|redis|mongodb
+//	go run ./internal/testenv/serve postgres|redis|mongodb|etcd
 package main
 
 import (
@@ -39,8 +39,13 @@ func main() {
 		if m, err = testenv.StartMongo(); err == nil {
 			srv, url = m, m.URL
 		}
+	case "etcd":
+		var e *testenv.Etcd
+		if e, err = testenv.StartEtcd(); err == nil {
+			srv, url = e, e.URL
+		}
 	default:
-		err = fmt.Errorf("usage: serve postgres|redis|mongodb")
+		err = fmt.Errorf("usage: serve postgres|redis|mongodb|etcd")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "serve:", err)
