@@ -2,6 +2,7 @@ package cmd
 
 // The backends, each registering its URL schemes with package lock.
 import (
+	_ "github.com/withlock/withlock/internal/lock/etcd"
 	_ "github.com/withlock/withlock/internal/lock/file"
 	_ "github.com/withlock/withlock/internal/lock/mongodb"
 	_ "github.com/withlock/withlock/internal/lock/postgres"

@@ -71,10 +71,14 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 			// last minutes; its lock was granted at some moment in it, and
 			// the session is known alive when the answer arrives. Counting
 			// from the start of the wait would give up a long waiter's lock
-			// the moment it got it.
+			// the moment it got it. A lease that the waiter renewed while it
+			// waited runs from its last renewal (Renewed).
 			confirmed := sent
 			if waited {
 				confirmed = time.Now()
+				if r, ok := lease.(Renewed); ok {
+					confirmed = r.RenewedAt()
+				}
 			}
 			return newHeld(name, lease, confirmed, opts), nil
 		}

@@ -74,8 +74,8 @@ var (
 //  5. Implement the optional interfaces that apply: Waiter (the server can
 //     queue us), Notifier (the server can announce releases), Watcher (the
 //     lease learns of its own loss), Fenced (a fencing token), Lingerer (the
-//     lease can outlive the process), Inspector (status) and Breaker
-//     (release --force).
+//     lease can outlive the process), Renewed (a Waiter's lease, renewed
+//     while it waited), Inspector (status) and Breaker (release --force).
 //  6. Register the URL schemes in the package's init, and blank-import the
 //     package in cmd/backends.go.
 //  7. Run the conformance suite (internal/lock/locktest) from the package's
@@ -140,6 +140,15 @@ type Watcher interface {
 // every acquisition of the same name.
 type Fenced interface {
 	Token() int64
+}
+
+// Renewed is a Lease that a Waiter kept alive while it waited (a lease
+// backend that waits on the server's side, etcd): the lease runs from its
+// last renewal, which may be a moment before the wait ended, so the keep
+// loop counts from RenewedAt instead.
+type Renewed interface {
+	// RenewedAt is when the last renewal (or the grant) was sent.
+	RenewedAt() time.Time
 }
 
 // Lingerer is a Lease that can be left to end by itself at a given time,

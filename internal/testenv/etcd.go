@@ -291,6 +291,38 @@ func (e *Etcd) AddUser(name, password, prefix string) error {
 	return nil
 }
 
+// Watchers is how many watches the server has open right now (its metric
+// etcd_debugging_mvcc_watcher_total): a waiter of withlock, etcdctl lock or
+// concurrency.Mutex watches the key it waits for, so tests wait for a waiter
+// to be queued by waiting for its watch.
+func (e *Etcd) Watchers() (int, error) {
+	c := &http.Client{
+		Timeout:   10 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}},
+	}
+	defer c.CloseIdleConnections()
+	resp, err := c.Get(fmt.Sprintf("%s://127.0.0.1:%d/metrics", e.clientScheme(), e.Port))
+	if err != nil {
+		return 0, fmt.Errorf("testenv: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("testenv: %w", err)
+	}
+	const metric = "etcd_debugging_mvcc_watcher_total "
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, metric); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				return 0, fmt.Errorf("testenv: %s: %w", line, err)
+			}
+			return int(f), nil
+		}
+	}
+	return 0, fmt.Errorf("testenv: no %s in the server's /metrics", strings.TrimSpace(metric))
+}
+
 // RequireEtcd starts a server with [StartEtcd] and closes it when t's test ends.
 // If etcd is not installed, t fails under CI (CI=true) and is skipped elsewhere,
 // with the install hint either way; any other error fails t.

@@ -136,3 +136,25 @@ func TestEtcdAuth(t *testing.T) {
 		t.Errorf("app outside jobs/: %v; want ErrPermissionDenied", err)
 	}
 }
+
+func TestEtcdWatchers(t *testing.T) {
+	e := RequireEtcd(t)
+	c := etcdClient(t, e)
+	n, err := e.Watchers()
+	if err != nil || n != 0 {
+		t.Fatalf("Watchers of a new server: %d, %v", n, err)
+	}
+	wctx, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	c.Watch(wctx, "k")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if n, err = e.Watchers(); err != nil || n == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil || n != 1 {
+		t.Errorf("Watchers with one watch: %d, %v", n, err)
+	}
+}

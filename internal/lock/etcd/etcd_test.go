@@ -1,0 +1,573 @@
+package etcd_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/withlock/withlock/internal/lock"
+	"github.com/withlock/withlock/internal/lock/etcd"
+	"github.com/withlock/withlock/internal/lock/locktest"
+	"github.com/withlock/withlock/internal/testenv"
+)
+
+func client(t *testing.T, e *testenv.Etcd) *clientv3.Client {
+	t.Helper()
+	c, err := e.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// keys returns name's keys in etcd, in the order of their create revisions.
+func keys(t *testing.T, c *clientv3.Client, name string) []string {
+	t.Helper()
+	resp, err := c.Get(locktest.Context(t), etcd.Prefix(name), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ks []string
+	for _, kv := range resp.Kvs {
+		ks = append(ks, string(kv.Key))
+	}
+	return ks
+}
+
+func TestConformance(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	c := client(t, e)
+	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, e.URL, opts) }
+	locktest.Run(t, open, locktest.Options{})
+	// A lease broken behind its holder's back: its key deleted, as
+	// `etcdctl del` would.
+	locktest.RunLeaseWith(t, open, func(t *testing.T, name string) {
+		resp, err := c.Delete(locktest.Context(t), etcd.Prefix(name), clientv3.WithPrefix())
+		if err != nil || resp.Deleted != 1 {
+			t.Fatalf("delete %s*: %v, %v; want one key deleted", etcd.Prefix(name), resp, err)
+		}
+	}, locktest.LeaseOptions{NoHeldFor: true})
+	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
+	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
+}
+
+// The keys are those of concurrency.Mutex, etcd's recipe, which etcdctl
+// lock uses: NAME/<lease ID in hex>, attached to the lease, the value
+// withlock's record; the token is the key's create revision.
+func TestKeys(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	c := client(t, e)
+	holder := lock.Holder{Host: "web-1", PID: 4242, Command: []string{"migrate", "up"}}
+	b := locktest.Open(t, e.URL, lock.Options{TTL: 7 * time.Second, Holder: holder})
+	name := locktest.Name(t)
+	l, err := b.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Get(locktest.Context(t), etcd.Prefix(name), clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("keys of %q: %v, %v; want one", name, resp, err)
+	}
+	kv := resp.Kvs[0]
+	if want := etcd.Key(name, clientv3.LeaseID(kv.Lease)); string(kv.Key) != want || want != fmt.Sprintf("%s/%x", name, kv.Lease) {
+		t.Errorf("key %q with lease %x; want %q", kv.Key, kv.Lease, want)
+	}
+	if tok := l.(lock.Fenced).Token(); tok != kv.CreateRevision {
+		t.Errorf("token %d; want the key's create revision %d", tok, kv.CreateRevision)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(kv.Value, &rec); err != nil {
+		t.Fatalf("value %q: %v", kv.Value, err)
+	}
+	if rec["mode"] != "exclusive" || rec["host"] != "web-1" || rec["pid"] != 4242.0 || fmt.Sprint(rec["command"]) != "[migrate up]" {
+		t.Errorf("record %s", kv.Value)
+	}
+	ttl, err := c.TimeToLive(locktest.Context(t), clientv3.LeaseID(kv.Lease))
+	if err != nil || ttl.GrantedTTL != 7 {
+		t.Errorf("lease: %v, %v; want granted 7s, the ttl", ttl, err)
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if ks := keys(t, c, name); len(ks) != 0 {
+		t.Errorf("keys after release: %q", ks)
+	}
+	// The lease is revoked, not left to run out.
+	if ttl, err := c.TimeToLive(locktest.Context(t), clientv3.LeaseID(kv.Lease)); err != nil || ttl.TTL != -1 {
+		t.Errorf("lease after release: %v, %v; want it gone (TTL -1)", ttl, err)
+	}
+}
+
+// --ttl is rounded up to whole seconds, since etcd's leases are.
+func TestTTLRoundedUp(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	c := client(t, e)
+	name := locktest.Name(t)
+	l, err := locktest.Open(t, e.URL, lock.Options{TTL: 2100 * time.Millisecond}).TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(locktest.Context(t))
+	resp, _ := c.Get(locktest.Context(t), etcd.Prefix(name), clientv3.WithPrefix())
+	ttl, err := c.TimeToLive(locktest.Context(t), clientv3.LeaseID(resp.Kvs[0].Lease))
+	if err != nil || ttl.GrantedTTL != 3 {
+		t.Errorf("lease of --ttl 2.1s: %v, %v; want 3s", ttl, err)
+	}
+}
+
+// session is etcd's own recipe, as etcdctl lock runs it: a Session (with its
+// own keep-alive loop) and a Mutex on name.
+func session(t *testing.T, e *testenv.Etcd, name string) *concurrency.Mutex {
+	t.Helper()
+	s, err := concurrency.NewSession(client(t, e), concurrency.WithTTL(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return concurrency.NewMutex(s, name)
+}
+
+// withlock and concurrency.Mutex, the recipe etcdctl lock uses, exclude each
+// other on the same name, both ways, and hand over to each other's waiters.
+// (The scripts in testdata/script/etcd do the same with etcdctl itself.)
+func TestMutexInterop(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	name := locktest.Name(t)
+	m := session(t, e, name)
+	w := locktest.Open(t, e.URL, lock.Options{})
+
+	// The recipe holds: withlock cannot take it, and waits.
+	if err := m.Lock(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("TryAcquire while the Mutex holds: %v; want ErrHeld", err)
+	}
+	got := make(chan error, 1)
+	var held *lock.Held
+	go func() {
+		h, err := w.Acquire(locktest.Context(t), name)
+		held = h
+		got <- err
+	}()
+	waitWatchers(t, e, 1) // withlock waits behind the Mutex
+	select {
+	case err := <-got:
+		t.Fatalf("withlock's Acquire returned while the Mutex held the lock: %v", err)
+	case <-time.After(200 * time.Millisecond): // it must not return: a wait is the check
+	}
+	if err := m.Unlock(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("withlock's wait after the Mutex's unlock: %v", err)
+	}
+
+	// withlock holds: the recipe's TryLock fails and its Lock waits.
+	m2 := session(t, e, name)
+	if err := m2.TryLock(locktest.Context(t)); !errors.Is(err, concurrency.ErrLocked) {
+		t.Fatalf("Mutex.TryLock while withlock holds: %v; want ErrLocked", err)
+	}
+	locked := make(chan error, 1)
+	go func() { locked <- m2.Lock(locktest.Context(t)) }()
+	waitWatchers(t, e, 1)
+	select {
+	case err := <-locked:
+		t.Fatalf("Mutex.Lock returned while withlock held the lock: %v", err)
+	case <-time.After(200 * time.Millisecond): // it must not return: a wait is the check
+	}
+	if err := held.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-locked; err != nil {
+		t.Fatalf("Mutex.Lock after withlock's release: %v", err)
+	}
+	// The Mutex's holder is shown by status: a holder without a record,
+	// exclusive, with its token.
+	st, err := w.Inspect(locktest.Context(t), name)
+	if err != nil || len(st.Holders) != 1 || st.Mode != lock.Exclusive {
+		t.Fatalf("Inspect of the Mutex's lock: %+v, %v", st, err)
+	}
+	resp, err := client(t, e).Get(locktest.Context(t), m2.Key())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the Mutex's key: %v, %v", resp, err)
+	}
+	if h := st.Holders[0]; h.Token != resp.Kvs[0].CreateRevision || h.PID != 0 || h.ExpiresAt.IsZero() {
+		t.Errorf("the Mutex's holder: %+v; want token %d (its key's create revision), no pid, an expiry", h, resp.Kvs[0].CreateRevision)
+	}
+	m2.Unlock(locktest.Context(t))
+}
+
+// Shared and semaphore holders exclude the recipe, and it excludes them.
+func TestMutexInteropModes(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	for _, opts := range []lock.Options{{Mode: lock.Shared}, {Mode: lock.Semaphore, MaxHolders: 3}} {
+		t.Run(string(opts.Mode), func(t *testing.T) {
+			name := locktest.Name(t)
+			w := locktest.Open(t, e.URL, opts)
+			l, err := w.TryAcquire(locktest.Context(t), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := session(t, e, name)
+			if err := m.TryLock(locktest.Context(t)); !errors.Is(err, concurrency.ErrLocked) {
+				t.Fatalf("Mutex.TryLock while a %s holder holds: %v; want ErrLocked", opts.Mode, err)
+			}
+			if err := l.Release(locktest.Context(t)); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.TryLock(locktest.Context(t)); err != nil {
+				t.Fatalf("Mutex.TryLock of a free lock: %v", err)
+			}
+			if _, err := w.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
+				t.Fatalf("a %s TryAcquire while the Mutex holds: %v; want ErrHeld", opts.Mode, err)
+			}
+		})
+	}
+}
+
+// waitWatchers waits until the server has n watches open: waiters are
+// queued (each watches the key it waits for).
+func waitWatchers(t *testing.T, e *testenv.Etcd, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := e.Watchers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server has %d watches; want %d", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A writer that waits is not starved by readers that come after it: they
+// queue behind it (the readers before it keep their lock).
+func TestWriterNotStarved(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	name := locktest.Name(t)
+	shared := lock.Options{Mode: lock.Shared}
+	r1 := locktest.Open(t, e.URL, shared)
+	l1, err := r1.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := locktest.Open(t, e.URL, lock.Options{})
+	got := make(chan *lock.Held, 1)
+	go func() {
+		h, err := x.Acquire(locktest.Context(t), name)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	waitWatchers(t, e, 1)
+	r2 := locktest.Open(t, e.URL, shared)
+	if _, err := r2.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("a reader after a waiting writer: %v; want ErrHeld", err)
+	}
+	if err := l1.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	h := <-got
+	if h == nil {
+		return
+	}
+	if _, err := r2.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
+		t.Errorf("a reader while the writer holds: %v; want ErrHeld", err)
+	}
+	h.Release(locktest.Context(t))
+}
+
+// A waiter whose wait outlasts its lease several times is still queued (it
+// renews its lease while it waits) and gets the lock, held from then on.
+func TestLongWaitRenews(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	c := client(t, e)
+	name := locktest.Name(t)
+	const ttl = time.Second
+	a := locktest.Open(t, e.URL, lock.Options{TTL: 10 * time.Second})
+	la, err := a.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := locktest.Open(t, e.URL, lock.Options{TTL: ttl})
+	got := make(chan *lock.Held, 1)
+	go func() {
+		h, err := b.Acquire(locktest.Context(t), name)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	waitWatchers(t, e, 1)
+	waiter := keys(t, c, name)[1]
+	// Three lease lengths: the point of this test.
+	time.Sleep(3 * ttl)
+	if ks := keys(t, c, name); len(ks) != 2 || ks[1] != waiter {
+		t.Fatalf("after 3 ttl the keys are %q; want the waiter's %q still queued", ks, waiter)
+	}
+	if err := la.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	h := <-got
+	if h == nil {
+		return
+	}
+	select {
+	case <-h.Lost():
+		t.Fatalf("lost within 3 ttl of the hand-off: %v", h.Err())
+	case <-time.After(3 * ttl): // holding it is the point of this test
+	}
+	if ks := keys(t, c, name); len(ks) != 1 || ks[0] != waiter {
+		t.Errorf("keys while the waiter holds: %q", ks)
+	}
+	h.Release(locktest.Context(t))
+}
+
+// A cancelled wait leaves no key behind, and its lease is revoked.
+func TestCancelledWaitLeavesNothing(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	c := client(t, e)
+	name := locktest.Name(t)
+	a := locktest.Open(t, e.URL, lock.Options{})
+	la, err := a.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer la.Release(locktest.Context(t))
+	b := locktest.Open(t, e.URL, lock.Options{})
+	ctx, cancel := context.WithCancel(locktest.Context(t))
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Backend.(lock.Waiter).Acquire(ctx, name)
+		done <- err
+	}()
+	waitWatchers(t, e, 1)
+	resp, _ := c.Get(locktest.Context(t), keys(t, c, name)[1])
+	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled wait: %v; want context.Canceled", err)
+	}
+	if ks := keys(t, c, name); len(ks) != 1 {
+		t.Errorf("keys after the cancelled wait: %q; want the holder's alone", ks)
+	}
+	if ttl, err := c.TimeToLive(locktest.Context(t), lease); err != nil || ttl.TTL != -1 {
+		t.Errorf("the cancelled waiter's lease: %v, %v; want it revoked", ttl, err)
+	}
+}
+
+// withlock's locks "a" and "a/b" are two locks, though the keys of "a/b"
+// are under the prefix of "a".
+func TestSubNames(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	name := locktest.Name(t)
+	a, b := locktest.Open(t, e.URL, lock.Options{}), locktest.Open(t, e.URL, lock.Options{})
+	lb, err := b.TryAcquire(locktest.Context(t), name+"/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, err := a.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatalf("%q while %q is held: %v", name, name+"/b", err)
+	}
+	st, err := a.Inspect(locktest.Context(t), name)
+	if err != nil || len(st.Holders) != 1 || st.Holders[0].Token != la.(lock.Fenced).Token() {
+		t.Errorf("Inspect(%q): %+v, %v; want its own holder alone", name, st, err)
+	}
+	la.Release(locktest.Context(t))
+	lb.Release(locktest.Context(t))
+}
+
+// --hold-at-least: the key moves to a lease of the time left and keeps its
+// place (and token); it ends by itself.
+func TestReleaseAt(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	c := client(t, e)
+	name := locktest.Name(t)
+	a, b := locktest.Open(t, e.URL, lock.Options{}), locktest.Open(t, e.URL, lock.Options{})
+	l, err := a.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := time.Now().Add(1500 * time.Millisecond)
+	if err := l.(lock.Lingerer).ReleaseAt(locktest.Context(t), until); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Get(locktest.Context(t), etcd.Prefix(name), clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != l.(lock.Fenced).Token() {
+		t.Fatalf("keys after ReleaseAt: %v, %v; want the holder's, in its place", resp, err)
+	}
+	if _, err := b.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("TryAcquire while the lease lingers: %v; want ErrHeld", err)
+	}
+	h, err := b.Acquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Whole seconds, and the server finds an expired lease within 500ms.
+	if late := time.Since(until); late < 0 || late > 1500*time.Millisecond {
+		t.Errorf("the lingering lock ended %v after its time; want within 1.5s after", late)
+	}
+	h.Release(locktest.Context(t))
+}
+
+func TestErrors(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	if err := e.EnableAuth("rootpw"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.AddUser("app", "apppw", "jobs/"); err != nil {
+		t.Fatal(err)
+	}
+	withUser := func(user, pw string) string {
+		u, _ := url.Parse(e.URL)
+		u.User = url.UserPassword(user, pw)
+		return u.String()
+	}
+	try := func(t *testing.T, url, name string) error {
+		t.Helper()
+		_, err := locktest.Open(t, url, lock.Options{}).TryAcquire(locktest.Context(t), name)
+		return err
+	}
+	t.Run("allowed", func(t *testing.T) {
+		if err := try(t, withUser("app", "apppw"), "jobs"); err != nil {
+			t.Errorf("a user with permission on jobs/: %v", err)
+		}
+	})
+	t.Run("wrong password", func(t *testing.T) {
+		err := try(t, withUser("app", "wrong"), "jobs")
+		if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), "authentication failed") {
+			t.Errorf("%v; want ErrRefused saying authentication failed", err)
+		}
+		if strings.Contains(err.Error(), "wrong") {
+			t.Errorf("the error shows the password: %v", err)
+		}
+	})
+	t.Run("no user", func(t *testing.T) {
+		if err := try(t, e.URL, "jobs"); !errors.Is(err, lock.ErrRefused) {
+			t.Errorf("%v; want ErrRefused", err)
+		}
+	})
+	t.Run("permission denied", func(t *testing.T) {
+		err := try(t, withUser("app", "apppw"), "other")
+		if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), "permission denied") {
+			t.Errorf("%v; want ErrRefused saying permission denied", err)
+		}
+	})
+	t.Run("connection refused", func(t *testing.T) {
+		start := time.Now()
+		err := try(t, "etcd://127.0.0.1:1", "job")
+		if !errors.Is(err, lock.ErrUnavailable) || !strings.Contains(err.Error(), "connection refused") {
+			t.Errorf("%v; want ErrUnavailable saying connection refused", err)
+		}
+		// One attempt, not the client's wait for a connection.
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("took %v", d)
+		}
+	})
+	t.Run("cluster, one member down", func(t *testing.T) {
+		u := strings.Replace(withUser("app", "apppw"), "@", "@127.0.0.1:1,", 1)
+		for i := range 3 {
+			if err := try(t, u, fmt.Sprintf("jobs/%d", i)); err != nil {
+				t.Errorf("%s: %v; want the member that answers used", lock.Redact(u), err)
+			}
+		}
+	})
+	t.Run("paused", func(t *testing.T) {
+		// The first request connects; then the server stops answering.
+		b := locktest.Open(t, withUser("app", "apppw"), lock.Options{})
+		l, err := b.TryAcquire(locktest.Context(t), "jobs/paused")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(locktest.Context(t), time.Second)
+		err = l.Keep(ctx)
+		cancel()
+		e.Resume()
+		if !errors.Is(err, lock.ErrUnavailable) || errors.Is(err, lock.ErrLost) {
+			t.Errorf("Keep on a paused server: %v; want ErrUnavailable", err)
+		}
+		if err := l.Keep(locktest.Context(t)); err != nil {
+			t.Errorf("Keep after the server resumed: %v", err)
+		}
+		l.Release(locktest.Context(t))
+	})
+}
+
+func TestTLS(t *testing.T) {
+	e := testenv.RequireEtcdWith(t, testenv.EtcdOptions{TLS: true})
+	name := locktest.Name(t)
+	l, err := locktest.Open(t, e.URL, lock.Options{}).TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatalf("etcds:// with cacert: %v", err)
+	}
+	l.Release(locktest.Context(t))
+	// Without cacert the self-signed certificate is not trusted.
+	_, err = locktest.Open(t, "etcds://"+e.Endpoint, lock.Options{}).TryAcquire(locktest.Context(t), name)
+	if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), "x509") {
+		t.Errorf("etcds:// without cacert: %v; want ErrRefused saying why (x509)", err)
+	}
+	// Plain etcd:// to a TLS port is not an answer.
+	_, err = locktest.Open(t, "etcd://"+e.Endpoint, lock.Options{ConnectTimeout: time.Second}).TryAcquire(locktest.Context(t), name)
+	if err == nil {
+		t.Error("etcd:// to a TLS server took the lock")
+	}
+}
+
+func TestURLs(t *testing.T) {
+	for _, tc := range []struct {
+		url  string
+		want string // "" for a URL that opens
+	}{
+		{"etcd://h1:2379,h2:2379", ""},
+		{"etcd://h1,h2", ""},
+		{"etcd://u:p@h1:2379/", ""},
+		{"etcd://[::1]:2379", ""},
+		{"etcd://", "no HOST:PORT"},
+		{"etcd://h1/prefix", "unexpected path"},
+		{"etcd://h1,,h2", "is not HOST:PORT"},
+		{"etcd://u@h1", "both a user and a password"},
+		{"etcd://h1?cacert=/x", "use etcds://"},
+		{"etcds://h1?sslmode=x", "unknown option"},
+		{"etcds://h1?cert=/x", "both cert and key"},
+		{"etcds://h1?cacert=/nonexistent", "cacert"},
+	} {
+		_, err := lock.Open(tc.url, lock.Options{})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.url, err)
+		case tc.want != "" && (!errors.Is(err, lock.ErrUsage) || !strings.Contains(fmt.Sprint(err), tc.want)):
+			t.Errorf("%s: %v; want ErrUsage saying %q", tc.url, err, tc.want)
+		}
+	}
+}
+
+// BenchmarkRoundTrip is one acquire and release on an open client.
+func BenchmarkRoundTrip(b *testing.B) {
+	e := testenv.RequireEtcd(b)
+	bk, err := lock.Open(e.URL, lock.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bk.Close()
+	locktest.BenchRoundTrip(b, bk)
+}

@@ -1,0 +1,147 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"math"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// lease is a key in a lock's queue and the etcd lease it is attached to:
+// a held lock once TryAcquire or Acquire returns it.
+type lease struct {
+	b    *backend
+	c    *clientv3.Client
+	name string
+	key  string
+	id   clientv3.LeaseID
+	rev  int64 // the key's create revision: the fencing token
+	seen int64 // the last revision at which the queue was read
+	// renewedAt is when the last renewal of the lease (or its grant) was
+	// sent: the lease runs at least until renewedAt plus the ttl.
+	renewedAt time.Time
+}
+
+// Token is the key's create revision, which grows with every acquisition
+// of every name (etcdctl's ETCD_LOCK_REV is the revision at which etcdctl
+// learned it holds the lock).
+func (l *lease) Token() int64 { return l.rev }
+
+// RenewedAt is when the lease was last renewed, for a lock that a waiter
+// got: its life runs from then.
+func (l *lease) RenewedAt() time.Time { return l.renewedAt }
+
+// keepAliveOnce renews lease id once: one LeaseKeepAlive stream, one
+// request, one answer. The client's own KeepAliveOnce tries again and again
+// while the server cannot be reached; the keep loop in package lock decides
+// that. An expired or revoked lease is rpctypes.ErrLeaseNotFound.
+func keepAliveOnce(ctx context.Context, c *clientv3.Client, id clientv3.LeaseID) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := pb.NewLeaseClient(c.ActiveConnection()).LeaseKeepAlive(ctx)
+	if err != nil {
+		return rpctypes.Error(err)
+	}
+	if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
+		return rpctypes.Error(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		return rpctypes.Error(err)
+	}
+	stream.CloseSend()
+	if resp.TTL <= 0 {
+		return rpctypes.ErrLeaseNotFound
+	}
+	return nil
+}
+
+// Keep renews the lease for another ttl, judged by the server's clock, then
+// checks that the key is still there: a lease revoked (withlock release
+// --force) or expired, and a key deleted (etcdctl del), are ErrLost.
+func (l *lease) Keep(ctx context.Context) error {
+	if err := keepAliveOnce(ctx, l.c, l.id); err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return lock.Errorf(lock.ErrLost, "its etcd lease %x expired or was revoked (withlock release --force?)", int64(l.id))
+		}
+		return l.b.classify(err)
+	}
+	resp, err := l.c.Get(ctx, l.key, clientv3.WithKeysOnly())
+	if err != nil {
+		return l.b.classify(err)
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != l.rev {
+		return lock.Errorf(lock.ErrLost, "its etcd key %s was deleted", l.key)
+	}
+	return nil
+}
+
+// Release deletes the key if it is still ours, then revokes the lease.
+func (l *lease) Release(ctx context.Context) error {
+	resp, err := l.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
+		Then(clientv3.OpDelete(l.key)).
+		Commit()
+	// The lease goes either way; if this fails, it runs out by itself.
+	l.revoke(ctx, l.id)
+	if err != nil {
+		return l.b.classify(err)
+	}
+	if !resp.Succeeded {
+		return errors.New("etcd: the lock's key was no longer ours at release")
+	}
+	return nil
+}
+
+// ReleaseAt lets the lock end at until instead of now: the key moves to a
+// new lease of the time left, rounded up to the second (etcd's leases are
+// whole seconds, and no shorter than the server's minimum: 2s with its
+// default election timeout), and the lease that was kept is revoked. The
+// key keeps its place and its create revision.
+func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
+	left := time.Until(until)
+	if left < time.Millisecond {
+		return l.Release(ctx)
+	}
+	g, err := l.c.Grant(ctx, int64(math.Ceil(left.Seconds())))
+	if err != nil {
+		return l.b.classify(err)
+	}
+	resp, err := l.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
+		Then(clientv3.OpPut(l.key, "", clientv3.WithLease(g.ID), clientv3.WithIgnoreValue())).
+		Commit()
+	if err != nil || !resp.Succeeded {
+		l.revoke(ctx, g.ID)
+		if err != nil {
+			return l.b.classify(err)
+		}
+		return errors.New("etcd: the lock's key was no longer ours at release")
+	}
+	l.revoke(ctx, l.id)
+	return nil
+}
+
+// drop revokes the lease of a key that is not going to hold the lock, which
+// deletes the key. It runs even when ctx has ended (a wait given up), with
+// a bound of its own; if it fails, the lease runs out by itself.
+func (l *lease) drop(ctx context.Context) {
+	cctx, cancel := call(context.WithoutCancel(ctx))
+	defer cancel()
+	l.revoke(cctx, l.id)
+}
+
+// revoke revokes lease id; one already gone is fine.
+func (l *lease) revoke(ctx context.Context, id clientv3.LeaseID) error {
+	_, err := l.c.Revoke(ctx, id)
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return l.b.classify(err)
+	}
+	return nil
+}

@@ -1,0 +1,361 @@
+package etcd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// Prefix is the prefix of name's keys, as `etcdctl lock NAME` has it
+// (concurrency.NewMutex).
+func Prefix(name string) string { return name + "/" }
+
+// Key is the key of name's holder or waiter with lease id, as
+// concurrency.Mutex names it.
+func Key(name string, id clientv3.LeaseID) string { return fmt.Sprintf("%s%x", Prefix(name), int64(id)) }
+
+// record is the value of withlock's keys: the holder's mode and who it is.
+// AcquiredAt is by withlock's clock (etcd has no clock to ask) and is
+// written again each time a waiter looks at the queue, so that it says when
+// the holder got the lock, not when it began to wait.
+type record struct {
+	Mode       lock.Mode `json:"mode"`
+	MaxHolders int       `json:"max_holders,omitempty"`
+	Host       string    `json:"host"`
+	PID        int       `json:"pid"`
+	Command    []string  `json:"command"`
+	AcquiredAt time.Time `json:"acquired_at"`
+}
+
+// entry is one key of a lock's queue.
+type entry struct {
+	key   string
+	rev   int64 // create revision: the place in the queue, the fencing token
+	lease clientv3.LeaseID
+	rec   *record // nil for a key that is not withlock's (etcdctl lock's)
+}
+
+// mode is how the key holds: a key without a withlock record is exclusive,
+// as concurrency.Mutex treats every key.
+func (e entry) mode() lock.Mode {
+	if e.rec == nil {
+		return lock.Exclusive
+	}
+	return e.rec.Mode
+}
+
+// lockKey reports whether kv, a key under prefix, is a lock key of that
+// prefix's name: one more path element, a lease ID in hex, and a lease. A
+// key with more elements belongs to a longer name (NAME/sub/<id>), so
+// withlock's locks "a" and "a/b" are two locks; etcdctl lock "a" counts
+// the keys of "a/b" too.
+func lockKey(prefix string, kv *mvccpb.KeyValue) bool {
+	id := string(kv.Key[len(prefix):])
+	if kv.Lease == 0 || id == "" || len(id) > 16 {
+		return false
+	}
+	for _, c := range id {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// queue returns the lock keys among kvs, the keys under name's prefix in
+// the order of their create revisions.
+func queue(name string, kvs []*mvccpb.KeyValue) []entry {
+	prefix := Prefix(name)
+	var q []entry
+	for _, kv := range kvs {
+		if !strings.HasPrefix(string(kv.Key), prefix) || !lockKey(prefix, kv) {
+			continue
+		}
+		e := entry{key: string(kv.Key), rev: kv.CreateRevision, lease: clientv3.LeaseID(kv.Lease)}
+		var r record
+		if json.Unmarshal(kv.Value, &r) == nil && (r.Mode == lock.Exclusive || r.Mode == lock.Shared || r.Mode == lock.Semaphore && r.MaxHolders > 0) {
+			e.rec = &r
+		}
+		q = append(q, e)
+	}
+	return q
+}
+
+// judge says whether the key q[i] holds the lock. If not, wait is the index
+// of the earlier key whose deletion to wait for, or -1 if the deletion of
+// any earlier key may do (a full semaphore). An exclusive key waits for
+// every earlier key, and waits on the one just before it, as the recipe
+// does; a shared key for the earlier keys that are not shared; a semaphore
+// key of N for the earlier keys that are not the same semaphore, then until
+// fewer than N keys are before it. A semaphore key with another N than an
+// earlier one's is an error wrapping lock.ErrUsage.
+func judge(name string, q []entry, i int) (holds bool, wait int, err error) {
+	me := q[i]
+	switch me.mode() {
+	case lock.Shared:
+		for j := i - 1; j >= 0; j-- {
+			if q[j].mode() != lock.Shared {
+				return false, j, nil
+			}
+		}
+		return true, 0, nil
+	case lock.Semaphore:
+		n := me.rec.MaxHolders
+		for j := 0; j < i; j++ {
+			if q[j].mode() == lock.Semaphore && q[j].rec.MaxHolders != n {
+				m := q[j].rec.MaxHolders
+				return false, 0, lock.Errorf(lock.ErrUsage, "%q is a semaphore of %d (--max-holders %d); this holder asked for %d", name, m, m, n)
+			}
+		}
+		for j := i - 1; j >= 0; j-- {
+			if q[j].mode() != lock.Semaphore {
+				return false, j, nil
+			}
+		}
+		if i < n {
+			return true, 0, nil
+		}
+		return false, -1, nil
+	}
+	if i == 0 {
+		return true, 0, nil
+	}
+	return false, i - 1, nil
+}
+
+// holders are the keys of q that hold the lock, oldest first.
+func holders(name string, q []entry) []entry {
+	var hs []entry
+	for i := range q {
+		if holds, _, err := judge(name, q, i); holds && err == nil {
+			hs = append(hs, q[i])
+		}
+	}
+	return hs
+}
+
+// record is this holder's record, acquiring now.
+func (b *backend) record() string {
+	r := record{
+		Mode:       b.opts.Mode,
+		MaxHolders: b.opts.MaxHolders,
+		Host:       b.opts.Holder.Host,
+		PID:        b.opts.Holder.PID,
+		Command:    b.opts.Holder.Command,
+		AcquiredAt: time.Now().UTC(),
+	}
+	v, _ := json.Marshal(r)
+	return string(v)
+}
+
+// getQueue reads name's keys in queue order. Only a shared or semaphore key
+// needs to know the others' modes.
+func (b *backend) getQueue(name string) clientv3.Op {
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
+	if b.opts.Mode == lock.Exclusive {
+		opts = append(opts, clientv3.WithKeysOnly())
+	}
+	return clientv3.OpGet(Prefix(name), opts...)
+}
+
+// enqueue takes a lease and puts name's key for it, as Mutex.TryLock does,
+// and returns the lease, the queue and the key's place in it.
+func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, int, error) {
+	c, err := b.connect(ctx)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	cctx, cancel := call(ctx)
+	defer cancel()
+	sent := time.Now()
+	g, err := c.Grant(cctx, b.ttl)
+	if err != nil {
+		return nil, nil, 0, b.classify(err)
+	}
+	l := &lease{b: b, c: c, name: name, id: g.ID, key: Key(name, g.ID), renewedAt: sent}
+	resp, err := c.Txn(cctx).
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
+		Then(clientv3.OpPut(l.key, b.record(), clientv3.WithLease(g.ID)), b.getQueue(name)).
+		Commit()
+	if err != nil {
+		l.drop(ctx)
+		return nil, nil, 0, b.classify(err)
+	}
+	if !resp.Succeeded {
+		// A new lease's key cannot exist; someone wrote it by hand.
+		l.drop(ctx)
+		return nil, nil, 0, lock.Errorf(lock.ErrRefused, "etcd at %s: the key %s of a new lease already exists", b.addr, l.key)
+	}
+	l.rev, l.seen = resp.Header.Revision, resp.Header.Revision
+	q, i, err := l.place(resp.Responses[1].GetResponseRange().Kvs)
+	if err != nil {
+		l.drop(ctx)
+		return nil, nil, 0, err
+	}
+	return l, q, i, nil
+}
+
+// place returns the queue in kvs and l's place in it.
+func (l *lease) place(kvs []*mvccpb.KeyValue) ([]entry, int, error) {
+	q := queue(l.name, kvs)
+	for i, e := range q {
+		if e.key == l.key && e.rev == l.rev {
+			return q, i, nil
+		}
+	}
+	return nil, 0, lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's key %s was deleted (its lease expired or was revoked)", l.b.addr, l.key)
+}
+
+// TryAcquire puts name's key and keeps it if it holds the lock; otherwise
+// it revokes the lease, which deletes the key.
+func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
+	l, q, i, err := b.enqueue(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	holds, _, err := judge(name, q, i)
+	if err == nil && holds {
+		return l, nil
+	}
+	l.drop(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return nil, lock.ErrHeld
+}
+
+// Acquire waits in name's queue until its key holds the lock: it watches
+// the deletion of the key it waits for (any earlier key's, for a full
+// semaphore), then looks at the queue again. Meanwhile it renews its lease
+// every ttl/3, since a waiter's key must live as long as it waits; a
+// renewal that fails ends the wait (Client.Acquire tries again). When ctx
+// ends or anything fails, the lease is revoked, which deletes the key.
+func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) {
+	l, q, i, err := b.enqueue(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		holds, wait, err := judge(name, q, i)
+		if err == nil && holds {
+			return l, nil
+		}
+		if err == nil {
+			watch := q[i].key // unused when waiting on the prefix
+			if wait >= 0 {
+				watch = q[wait].key
+			}
+			err = l.waitDelete(ctx, watch, wait < 0)
+		}
+		if err == nil {
+			q, i, err = l.requeue(ctx)
+		}
+		if err != nil {
+			l.drop(ctx)
+			if ctx.Err() != nil {
+				return nil, context.Cause(ctx)
+			}
+			return nil, err
+		}
+	}
+}
+
+// waitDelete waits until key is deleted (anyKey: until any key of l's
+// queue before l's own is), watching from the last revision l has seen,
+// and renews l's lease every ttl/3 meanwhile. It returns nil when it is
+// time to look at the queue again.
+func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	opts := []clientv3.OpOption{clientv3.WithRev(l.seen + 1), clientv3.WithFilterPut()}
+	if anyKey {
+		key = Prefix(l.name)
+		opts = append(opts, clientv3.WithPrefix(), clientv3.WithPrevKV())
+	}
+	events := l.c.Watch(wctx, key, opts...)
+	interval := l.b.opts.TTL / 3
+	renew := time.NewTimer(time.Until(l.renewedAt.Add(interval)))
+	defer renew.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-renew.C:
+			if err := l.renew(ctx); err != nil {
+				return err
+			}
+			renew.Reset(time.Until(l.renewedAt.Add(interval)))
+		case wr, ok := <-events:
+			switch {
+			case !ok && ctx.Err() != nil:
+				return context.Cause(ctx)
+			case !ok:
+				return lock.Errorf(lock.ErrUnavailable, "etcd at %s: the watch of %s ended", l.b.addr, key)
+			case errors.Is(wr.Err(), rpctypes.ErrCompacted):
+				return nil // the revision is gone: look at the queue as it is now
+			case wr.Err() != nil:
+				return l.b.classify(wr.Err())
+			}
+			for _, ev := range wr.Events {
+				if ev.Type != mvccpb.DELETE {
+					continue
+				}
+				// Of the whole prefix, only an earlier lock key matters.
+				if !anyKey || ev.PrevKv != nil && ev.PrevKv.CreateRevision < l.rev && lockKey(Prefix(l.name), ev.PrevKv) {
+					return nil
+				}
+			}
+		}
+	}
+}
+
+// requeue looks at the queue again after a deletion. It renews the lease
+// and, in one transaction, rewrites the record's acquired_at (the key is
+// about to hold the lock, or waits on) and reads the queue; both fail if
+// the key is gone.
+func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
+	renewed := make(chan error, 1)
+	go func() { renewed <- l.renew(ctx) }()
+	cctx, cancel := call(ctx)
+	defer cancel()
+	resp, err := l.c.Txn(cctx).
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
+		Then(clientv3.OpPut(l.key, l.b.record(), clientv3.WithIgnoreLease()), l.b.getQueue(l.name)).
+		Commit()
+	if rerr := <-renewed; rerr != nil {
+		return nil, 0, rerr
+	}
+	if err != nil {
+		return nil, 0, l.b.classify(err)
+	}
+	if !resp.Succeeded {
+		return nil, 0, lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's key %s was deleted", l.b.addr, l.key)
+	}
+	l.seen = resp.Header.Revision
+	return l.place(resp.Responses[1].GetResponseRange().Kvs)
+}
+
+// renew renews a waiter's lease once, bounded by callTimeout. A lease gone
+// means the key is gone: the wait is over, and Client.Acquire queues anew.
+func (l *lease) renew(ctx context.Context) error {
+	cctx, cancel := call(ctx)
+	defer cancel()
+	sent := time.Now()
+	if err := keepAliveOnce(cctx, l.c, l.id); err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's lease %x expired or was revoked", l.b.addr, int64(l.id))
+		}
+		return l.b.classify(err)
+	}
+	l.renewedAt = sent
+	return nil
+}
