@@ -65,11 +65,11 @@ const DefaultPort = "2379"
 const callTimeout = 5 * time.Second
 
 type backend struct {
-	opts     lock.Options
-	cfg      clientv3.Config
-	addr     string // the URL's HOST:PORT list, for messages
-	ttl      int64  // the lease's TTL in seconds: opts.TTL rounded up
-	client   *clientv3.Client
+	opts   lock.Options
+	cfg    clientv3.Config
+	addr   string // the URL's HOST:PORT list, for messages
+	ttl    int64  // the lease's TTL in seconds: opts.TTL rounded up
+	client *clientv3.Client
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {

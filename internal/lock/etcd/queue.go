@@ -21,7 +21,9 @@ func Prefix(name string) string { return name + "/" }
 
 // Key is the key of name's holder or waiter with lease id, as
 // concurrency.Mutex names it.
-func Key(name string, id clientv3.LeaseID) string { return fmt.Sprintf("%s%x", Prefix(name), int64(id)) }
+func Key(name string, id clientv3.LeaseID) string {
+	return fmt.Sprintf("%s%x", Prefix(name), int64(id))
+}
 
 // record is the value of withlock's keys: the holder's mode and who it is.
 // AcquiredAt is by withlock's clock (etcd has no clock to ask) and is
