@@ -18,11 +18,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rogpeppe/go-internal/testscript"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"golang.org/x/sys/unix"
 
+	"github.com/withlock/withlock/internal/lock/etcd"
 	"github.com/withlock/withlock/internal/lock/mongodb"
 	"github.com/withlock/withlock/internal/lock/redis"
 	"github.com/withlock/withlock/internal/testenv"
@@ -37,7 +39,8 @@ import (
 //	testdata/script/postgres  PostgreSQL only; $NPMDIR holds the npm package
 //	                          advisory-lock and hold.js
 //	testdata/script/file      file:// only
-//	testdata/script/lease     every lease backend (Redis, MongoDB)
+//	testdata/script/lease     every lease backend (Redis, MongoDB, etcd)
+//	testdata/script/etcd      etcd only; etcdctl is set up ($ETCDCTL_ENDPOINTS)
 func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
 		"status": expectStatus,
@@ -131,6 +134,7 @@ func TestScripts(t *testing.T) {
 	npmDir := testenv.RequireNPM(t)
 	testenv.RequireRedis(t).Close() // fail or skip early if one is missing
 	testenv.RequireMongo(t).Close()
+	testenv.RequireEtcd(t).Close()
 	var dbs atomic.Int64
 	backends := []struct {
 		name string
@@ -167,6 +171,19 @@ func TestScripts(t *testing.T) {
 			}
 			e.Setenv("CLOSED", "redis://:hunter22@127.0.0.1:1/0")
 			return r.URL, r, nil
+		}},
+		{"etcd", func(e *testscript.Env) (string, server, error) {
+			s, err := testenv.StartEtcd() // ~200ms: one per script
+			if err != nil {
+				return "", nil, err
+			}
+			e.Setenv("CLOSED", "etcd://u:hunter22@127.0.0.1:1")
+			// etcdctl (3.4 speaks the v3 API by default) finds the
+			// script's server through its environment.
+			e.Setenv("ETCDCTL_API", "3")
+			e.Setenv("ETCDCTL_ENDPOINTS", s.Endpoint)
+			e.Setenv("ETCDHOSTPORT", s.Endpoint)
+			return s.URL, s, nil
 		}},
 	}
 	t.Run("cli", func(t *testing.T) {
@@ -220,11 +237,11 @@ type scriptState struct {
 type stateKey struct{}
 
 // recordsN are the backends that record a semaphore's N (SPEC §12).
-var recordsN = map[string]bool{"redis": true, "mongodb": true, "file": true, "postgres": true}
+var recordsN = map[string]bool{"redis": true, "mongodb": true, "file": true, "postgres": true, "etcd": true}
 
 // leaseBackends hold an expiring lease; the others a lock that lives with
 // their connection or open file.
-var leaseBackends = map[string]bool{"redis": true, "mongodb": true}
+var leaseBackends = map[string]bool{"redis": true, "mongodb": true, "etcd": true}
 
 func params(dir, backend string, setup func(*testscript.Env) error) testscript.Params {
 	return testscript.Params{
@@ -426,8 +443,8 @@ func cmdPgsql(ts *testscript.TestScript, neg bool, args []string) {
 }
 
 // server start|stop|pause|resume|tls: the script's own server; pause freezes it
-// (SIGSTOP), so that it stops answering without closing connections. Redis and MongoDB scripts
-// have one from the start; for PostgreSQL the first "server start" creates
+// (SIGSTOP), so that it stops answering without closing connections. Redis,
+// MongoDB and etcd scripts have one from the start; for PostgreSQL the first "server start" creates
 // a cluster and points $DB at it (the shared one must not be stopped), and
 // sets $DBHOSTPORT to its address. "server tls" gives a PostgreSQL server a
 // self-signed certificate and turns ssl on; $ROOTCERT is the certificate.
@@ -463,7 +480,7 @@ func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Check(err)
 		ts.Setenv("ROOTCERT", root)
 	default:
-		ts.Fatalf("usage: server start|stop|pause|resume|tls (pause and resume: Redis, MongoDB; tls: PostgreSQL)")
+		ts.Fatalf("usage: server start|stop|pause|resume|tls (pause and resume: Redis, MongoDB, etcd; tls: PostgreSQL)")
 	}
 }
 
@@ -522,6 +539,14 @@ func cmdBreaklease(ts *testscript.TestScript, neg bool, args []string) {
 		if res.DeletedCount == 0 {
 			ts.Fatalf("breaklease: no documents of %q to delete", args[0])
 		}
+	case "etcd":
+		c := etcdClient(ts)
+		defer c.Close()
+		resp, err := c.Delete(ctx, etcd.Prefix(args[0]), clientv3.WithPrefix())
+		ts.Check(err)
+		if resp.Deleted != 1 {
+			ts.Fatalf("breaklease: %d keys under %s, not the one lease", resp.Deleted, etcd.Prefix(args[0]))
+		}
 	default:
 		ts.Fatalf("breaklease: not for backend %s", ts.Getenv("BACKEND"))
 	}
@@ -579,10 +604,28 @@ func cmdSleep(ts *testscript.TestScript, neg bool, args []string) {
 
 // waiters NAME N waits (up to 30s) until N withlock processes wait for NAME
 // on the server: on Redis, until N clients subscribe to NAME's release
-// channel, which a waiter does after its first attempt found NAME held.
+// channel, which a waiter does after its first attempt found NAME held; on
+// etcd, until the script's server has N watches open (a waiter of withlock
+// or etcdctl lock watches the key before its own), whatever their NAME.
 func cmdWaiters(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 2 {
 		ts.Fatalf("usage: waiters NAME N")
+	}
+	if e, ok := ts.Value(stateKey{}).(*scriptState).server.(*testenv.Etcd); ok {
+		want, err := strconv.Atoi(args[1])
+		ts.Check(err)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			n, err := e.Watchers()
+			ts.Check(err)
+			if n == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				ts.Fatalf("waiters: %d watches on the server, not %d, within 30s", n, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 	if ts.Getenv("BACKEND") != "redis" {
 		ts.Fatalf("waiters: not for backend %s", ts.Getenv("BACKEND"))
@@ -668,4 +711,15 @@ func cmdNooverlap(ts *testscript.TestScript, neg bool, args []string) {
 	if inside != "" {
 		ts.Fatalf("%s: %s never exited\n%s", args[0], inside, data)
 	}
+}
+
+// etcdClient is a client of the script's own etcd server.
+func etcdClient(ts *testscript.TestScript) *clientv3.Client {
+	e, ok := ts.Value(stateKey{}).(*scriptState).server.(*testenv.Etcd)
+	if !ok {
+		ts.Fatalf("not an etcd script")
+	}
+	c, err := e.Client()
+	ts.Check(err)
+	return c
 }

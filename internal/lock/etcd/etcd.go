@@ -35,6 +35,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -42,6 +43,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/grpclog"
 	"google.golang.org/grpc/status"
 
@@ -70,6 +72,9 @@ type backend struct {
 	addr   string // the URL's HOST:PORT list, for messages
 	ttl    int64  // the lease's TTL in seconds: opts.TTL rounded up
 	client *clientv3.Client
+	// orphans are leases of keys that were to be deleted when a wait or an
+	// attempt failed, but could not be: the next attempt revokes them.
+	orphans []clientv3.LeaseID
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
@@ -108,10 +113,12 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 		// One attempt per request: lock.Client.Acquire and lock.Held are
 		// the retry loops.
 		MaxUnaryRetries: 1,
-		DialOptions: []grpc.DialOption{
-			grpc.WithChainUnaryInterceptor(failFastUnary),
-			grpc.WithChainStreamInterceptor(failFastStream),
-		},
+	}
+	cs := newConns()
+	cfg.DialOptions = []grpc.DialOption{
+		grpc.WithContextDialer(cs.dial),
+		grpc.WithChainUnaryInterceptor(cs.unary),
+		grpc.WithChainStreamInterceptor(cs.stream),
 	}
 	if u.User != nil {
 		cfg.Username = u.User.Username()
@@ -172,17 +179,68 @@ func tlsConfig(q url.Values, secure bool) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// failFastUnary and failFastStream make a request fail at once, with the
+// conns makes each request one connection attempt, with the help of gRPC
+// interceptors and a dialer of its own. A request fails at once, with the
 // reason, when no endpoint can be reached ("connection refused"), instead of
-// waiting for a connection until its deadline, as the etcd client asks gRPC
-// to do (WaitForReady). They run after the client's own interceptor, so
-// their option comes last and wins.
-func failFastUnary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+// waiting for a connection until its deadline, as the etcd client asks
+// gRPC to do (WaitForReady). And a connection that failed is tried again
+// at once when a request comes: gRPC would otherwise wait before it tries
+// again (backing off up to 2 minutes), and every request meanwhile would
+// fail with the old reason, even once the server is back, so that a
+// holder's release after a restart of etcd would fail.
+type conns struct {
+	mu     sync.Mutex
+	failed chan struct{} // closed, and replaced, when a dial fails
+}
+
+func newConns() *conns { return &conns{failed: make(chan struct{})} }
+
+func (c *conns) dial(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		c.mu.Lock()
+		close(c.failed)
+		c.failed = make(chan struct{})
+		c.mu.Unlock()
+	}
+	return conn, err
+}
+
+// unary and stream run after the etcd client's own interceptor, so their
+// WaitForReady(false) comes last and wins.
+func (c *conns) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	c.ready(ctx, cc)
 	return invoker(ctx, method, req, reply, cc, append(opts, grpc.WaitForReady(false))...)
 }
 
-func failFastStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+func (c *conns) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	c.ready(ctx, cc)
 	return streamer(ctx, desc, cc, method, append(opts, grpc.WaitForReady(false))...)
+}
+
+// ready makes cc connect again now if its connection attempts failed, and
+// waits until it is connected or a new attempt fails (gRPC keeps saying
+// TransientFailure while it tries again), so that the request that follows
+// sees that attempt's outcome.
+func (c *conns) ready(ctx context.Context, cc *grpc.ClientConn) {
+	if cc.GetState() != connectivity.TransientFailure {
+		return
+	}
+	c.mu.Lock()
+	failed := c.failed
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-failed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	cc.ResetConnectBackoff()
+	cc.WaitForStateChange(ctx, connectivity.TransientFailure)
 }
 
 // connect returns the client, creating it on first use. Creating it does

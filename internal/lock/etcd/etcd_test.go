@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -570,4 +572,81 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}
 	defer bk.Close()
 	locktest.BenchRoundTrip(b, bk)
+}
+
+// said is a slog.Handler that tells when a message is logged.
+type said struct {
+	msg  string
+	seen chan struct{}
+	once *sync.Once
+}
+
+func (h said) Enabled(context.Context, slog.Level) bool { return true }
+func (h said) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.once.Do(func() { close(h.seen) })
+	}
+	return nil
+}
+func (h said) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h said) WithGroup(string) slog.Handler      { return h }
+
+// etcd stops while a holder holds and a waiter waits, long enough for the
+// waiter's renewal to fail. When it is back (keys and leases are on disk),
+// the holder still holds; the waiter queues again and has revoked the key
+// of its failed wait, which would otherwise stand before its new key until
+// its lease ran out: it gets the lock as soon as the holder lets go.
+func TestWaitAcrossRestart(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	c := client(t, e)
+	name := locktest.Name(t)
+	a := locktest.Open(t, e.URL, lock.Options{TTL: 15 * time.Second})
+	ha, err := a.Acquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retrying := said{msg: "backend unavailable; retrying", seen: make(chan struct{}), once: new(sync.Once)}
+	b := locktest.Open(t, e.URL, lock.Options{TTL: 9 * time.Second, ConnectTimeout: time.Minute, Log: slog.New(retrying)})
+	got := make(chan *lock.Held, 1)
+	go func() {
+		h, err := b.Acquire(locktest.Context(t), name)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	waitWatchers(t, e, 1)
+	if err := e.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-retrying.seen: // the waiter's renewal (every 3s) failed
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter did not notice the server was gone within 30s")
+	}
+	if err := e.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitWatchers(t, e, 1)
+	if ks := keys(t, c, name); len(ks) != 2 {
+		t.Errorf("keys after the waiter queued again: %q; want the holder's and the waiter's new one", ks)
+	}
+	select {
+	case <-ha.Lost():
+		t.Fatalf("the holder lost its lock across the restart: %v", ha.Err())
+	default:
+	}
+	released := time.Now()
+	if err := ha.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case h := <-got:
+		if h != nil {
+			t.Logf("hand-off after the restart took %v (from the start of the release)", time.Since(released))
+			h.Release(locktest.Context(t))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter did not get the lock within 5s of the release (its old key in the way?)")
+	}
 }

@@ -3,6 +3,7 @@ package etcd
 import (
 	"context"
 	"errors"
+	"io"
 	"math"
 	"time"
 
@@ -48,7 +49,10 @@ func keepAliveOnce(ctx context.Context, c *clientv3.Client, id clientv3.LeaseID)
 	if err != nil {
 		return rpctypes.Error(err)
 	}
-	if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
+	// A Send that fails because the server ended the stream says io.EOF;
+	// the server's reason is Recv's error.
+	err = stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)})
+	if err != nil && !errors.Is(err, io.EOF) {
 		return rpctypes.Error(err)
 	}
 	resp, err := stream.Recv()
@@ -130,11 +134,15 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 
 // drop revokes the lease of a key that is not going to hold the lock, which
 // deletes the key. It runs even when ctx has ended (a wait given up), with
-// a bound of its own; if it fails, the lease runs out by itself.
+// a bound of its own. If it fails (the server is gone), the key would stay
+// in the queue, ahead of this process's next attempt, until its lease runs
+// out: the next attempt revokes it first.
 func (l *lease) drop(ctx context.Context) {
 	cctx, cancel := call(context.WithoutCancel(ctx))
 	defer cancel()
-	l.revoke(cctx, l.id)
+	if err := l.revoke(cctx, l.id); err != nil {
+		l.b.orphans = append(l.b.orphans, l.id)
+	}
 }
 
 // revoke revokes lease id; one already gone is fine.

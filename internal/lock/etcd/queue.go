@@ -178,6 +178,12 @@ func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, in
 	}
 	cctx, cancel := call(ctx)
 	defer cancel()
+	for len(b.orphans) > 0 {
+		if _, err := c.Revoke(cctx, b.orphans[0]); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil, nil, 0, b.classify(err)
+		}
+		b.orphans = b.orphans[1:]
+	}
 	sent := time.Now()
 	g, err := c.Grant(cctx, b.ttl)
 	if err != nil {
