@@ -58,8 +58,9 @@ across every host, pod and cron daemon at most one copy of it runs at a time.
 
 The backend is a URL: --db, else $WITHLOCK_DB, else $PG_CONNECTION_STRING.
 Schemes: postgres://, postgresql://, redis://, rediss://, mongodb://,
-mongodb+srv://, file:///DIR (etcd and mysql are planned). Everything after
-"--" is the command, passed on verbatim. On lease backends (Redis, MongoDB)
+mongodb+srv://, etcd://HOST:PORT[,HOST:PORT...], etcds:// (the keys of
+etcdctl lock NAME), file:///DIR (mysql is planned). Everything after "--" is
+the command, passed on verbatim. On lease backends (Redis, MongoDB, etcd)
 the command gets WITHLOCK_TOKEN, a fencing token.
 
 Exit status: the command's; 64 usage; 69 backend unavailable; 70 lock lost
