@@ -1,7 +1,7 @@
-// Command bench measures withlock side by side with flock(1), psql and the
-// npm package advisory-lock's withlock, in one run so that the ratios hold
-// on a noisy machine. It starts its own servers as the tests do, and prints
-// one Markdown table per figure. Run it with `make bench`.
+// Command bench measures withlock side by side with flock(1), psql, etcdctl
+// lock and the npm package advisory-lock's withlock, in one run so that the
+// ratios hold on a noisy machine. It starts its own servers as the tests do,
+// and prints one Markdown table per figure. Run it with `make bench`.
 //
 // Tools: hyperfine (whole-process wall time), /usr/bin/time -v (peak RSS);
 // both are installed with apt-get when missing and run as root.
@@ -78,6 +78,14 @@ func run() error {
 		return err
 	}
 	defer mg.Close()
+	et, err := testenv.StartEtcd()
+	if err != nil {
+		return err
+	}
+	defer et.Close()
+	etcdctl := func(name string, argv ...string) []string {
+		return append([]string{"etcdctl", "--endpoints", et.Endpoint, "lock", name, "--"}, argv...)
+	}
 	npmDir, err := testenv.NPMDir()
 	if err != nil {
 		return err
@@ -92,6 +100,7 @@ func run() error {
 		{"postgres", pg.URL},
 		{"redis", rd.URL},
 		{"mongodb", mg.URL},
+		{"etcd", et.URL},
 	}
 	flockFile := filepath.Join(work, "flock.lock")
 
@@ -107,6 +116,7 @@ func run() error {
 	over = append(over,
 		contender{"psql floor", []string{psql, pg.URL, "-c", "select pg_advisory_lock(1); select pg_advisory_unlock(1)"}},
 		contender{"npm withlock (postgres)", []string{npmWithlock, "bench", "--db", pg.URL, "--", "true"}},
+		contender{"etcdctl lock (etcd)", etcdctl("bench", "true")},
 	)
 	stats, err := hyperfine(work, over)
 	if err != nil {
@@ -145,6 +155,10 @@ func run() error {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 	}
+	order = append(order, "etcdctl lock (etcd)")
+	if hand["etcdctl lock (etcd)"], err = handoff(work, func(cmd string) []string { return etcdctl("handoff", "sh", "-c", cmd) }); err != nil {
+		return fmt.Errorf("etcdctl lock: %w", err)
+	}
 	for _, n := range order {
 		fmt.Printf("| %s | %s | %s | %.2f× |\n", n, ms(hand[n].median), ms(hand[n].p90), hand[n].median/hand["flock"].median)
 	}
@@ -167,6 +181,7 @@ func run() error {
 	conts = append(conts,
 		cont{"psql lock/command/unlock", acquisitions, []string{psql, "-q", pg.URL, "-c", "select pg_advisory_lock(7)", "-c", `\! ` + critical, "-c", "select pg_advisory_unlock(7)"}},
 		cont{fmt.Sprintf("npm withlock (%d each)", npmAcquisition), npmAcquisition, []string{npmWithlock, "contention", "--db", pg.URL, "--", "sh", "-c", critical}},
+		cont{"etcdctl lock (etcd)", acquisitions, etcdctl("contention", "sh", "-c", critical)},
 	)
 	for _, c := range conts {
 		rate, overlaps, err := contention(work, c.n, c.argv)
