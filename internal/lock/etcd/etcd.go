@@ -29,6 +29,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -302,9 +303,6 @@ func call(ctx context.Context) (context.Context, context.CancelFunc) {
 // not trust, and anything else the server answered are ErrRefused.
 func (b *backend) classify(err error) error {
 	what := "etcd at " + b.addr
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return lock.Unreachable(what, lock.Reason(err))
-	}
 	code, msg := codes.Unknown, err.Error()
 	var ee rpctypes.EtcdError
 	if errors.As(err, &ee) {
@@ -313,6 +311,12 @@ func (b *backend) classify(err error) error {
 		code, msg = s.Code(), s.Message()
 	}
 	switch {
+	case errors.Is(err, context.DeadlineExceeded) || code == codes.DeadlineExceeded:
+		return lock.Unreachable(what, "timed out")
+	case errors.Is(err, context.Canceled) || code == codes.Canceled:
+		// The caller gave up (a signal, Release cutting a Keep off): that
+		// says nothing about the server.
+		return fmt.Errorf("%s: %w", what, context.Canceled)
 	case errors.Is(err, rpctypes.ErrAuthFailed):
 		return lock.Errorf(lock.ErrRefused, "%s refused the user and password: %s", what, msg)
 	case errors.Is(err, rpctypes.ErrPermissionDenied):
@@ -328,8 +332,6 @@ func (b *backend) classify(err error) error {
 		return lock.Unreachable(what, transportReason(msg))
 	case code == codes.ResourceExhausted && errors.Is(err, rpctypes.ErrTooManyRequests):
 		return lock.Errorf(lock.ErrUnavailable, "%s is busy: %s", what, msg)
-	case code == codes.DeadlineExceeded:
-		return lock.Unreachable(what, "timed out")
 	case code == codes.Unknown && !strings.HasPrefix(msg, "etcdserver:"):
 		// Not an answer of the server: a client-side failure.
 		return lock.Unreachable(what, msg)
