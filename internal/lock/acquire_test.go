@@ -439,7 +439,7 @@ func TestOpen(t *testing.T) {
 		{"%zz://u:hunter2@host/", lock.ErrUsage},
 		// The SPEC's schemes without a backend yet; drop each as its
 		// backend lands.
-		{"etcd://x:2379", lock.ErrNotSupported},
+		{"mysql://x:3306/db", lock.ErrNotSupported},
 		{"mysql://u:hunter2@x/db", lock.ErrNotSupported},
 	} {
 		_, err := lock.Open(tc.url, lock.Options{})
