@@ -650,3 +650,59 @@ func TestWaitAcrossRestart(t *testing.T) {
 		t.Fatal("the waiter did not get the lock within 5s of the release (its old key in the way?)")
 	}
 }
+
+// List finds the locks of every name in the key space, withlock's and the
+// recipe's (etcdctl lock's), and nothing else: not a key without a lease,
+// not a waiter.
+func TestList(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	c := client(t, e)
+	w := locktest.Open(t, e.URL, lock.Options{})
+	if _, err := w.TryAcquire(locktest.Context(t), "jobs/a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := locktest.Open(t, e.URL, lock.Options{}).TryAcquire(locktest.Context(t), "jobs/a/b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := session(t, e, "by-etcdctl").Lock(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	// A data key that looks like a lock key but has no lease.
+	if _, err := c.Put(locktest.Context(t), "config/beef", "v"); err != nil {
+		t.Fatal(err)
+	}
+	// A lock key of a name withlock could not take (not UTF-8).
+	g, err := c.Grant(locktest.Context(t), 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(locktest.Context(t), etcd.Key("\xff", g.ID), "", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	// A waiter is not a holder, and its name is listed once.
+	waiting := make(chan error, 1)
+	ctx, cancel := context.WithCancel(locktest.Context(t))
+	go func() {
+		_, err := locktest.Open(t, e.URL, lock.Options{}).Backend.(lock.Waiter).Acquire(ctx, "jobs/a")
+		waiting <- err
+	}()
+	defer func() { cancel(); <-waiting }()
+	waitWatchers(t, e, 1)
+
+	all, err := w.List(locktest.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, st := range all {
+		k := st.Name
+		if k == "" {
+			k = "key " + st.Key
+		}
+		got[k] += len(st.Holders)
+	}
+	want := map[string]int{"jobs/a": 1, "jobs/a/b": 1, "by-etcdctl": 1, "key \xff/": 1}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("List: %v; want %v", got, want)
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -115,7 +114,7 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 		if len(st.Holders) == 0 {
 			continue
 		}
-		if !utf8.ValidString(name) || len(name) > lock.MaxNameLen {
+		if lock.CheckName(name) != nil {
 			// Not a name withlock could take: say where it is instead.
 			st.Name, st.Key = "", Prefix(name)
 		}
