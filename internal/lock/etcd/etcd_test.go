@@ -323,12 +323,27 @@ func TestLongWaitRenews(t *testing.T) {
 	if ks := keys(t, c, name); len(ks) != 2 || ks[1] != waiter {
 		t.Fatalf("after 3 ttl the keys are %q; want the waiter's %q still queued", ks, waiter)
 	}
+	released := time.Now()
 	if err := la.Release(locktest.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	h := <-got
 	if h == nil {
 		return
+	}
+	// status says when the waiter got the lock, not when it began to wait
+	// (written just after the hand-off).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		st, err := b.Inspect(locktest.Context(t), name)
+		if err != nil || len(st.Holders) != 1 {
+			t.Fatalf("Inspect: %+v, %v", st, err)
+		}
+		if st.Holders[0].AcquiredAt.After(released) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("acquired_at %v; want after the release at %v", st.Holders[0].AcquiredAt, released)
+		}
 	}
 	select {
 	case <-h.Lost():

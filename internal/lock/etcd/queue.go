@@ -26,9 +26,9 @@ func Key(name string, id clientv3.LeaseID) string {
 }
 
 // record is the value of withlock's keys: the holder's mode and who it is.
-// AcquiredAt is by withlock's clock (etcd has no clock to ask) and is
-// written again each time a waiter looks at the queue, so that it says when
-// the holder got the lock, not when it began to wait.
+// AcquiredAt is by withlock's clock (etcd has no clock to ask); a waiter
+// writes it again once it got the lock (stamp), so that it says when the
+// holder got the lock, not when it began to wait.
 type record struct {
 	Mode       lock.Mode `json:"mode"`
 	MaxHolders int       `json:"max_holders,omitempty"`
@@ -252,9 +252,12 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 	if err != nil {
 		return nil, err
 	}
-	for {
+	for waited := false; ; waited = true {
 		holds, wait, err := judge(name, q, i)
 		if err == nil && holds {
+			if waited {
+				go l.stamp()
+			}
 			return l, nil
 		}
 		if err == nil {
@@ -326,10 +329,10 @@ func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool) error {
 	}
 }
 
-// requeue looks at the queue again after a deletion. It renews the lease
-// and, in one transaction, rewrites the record's acquired_at (the key is
-// about to hold the lock, or waits on) and reads the queue; both fail if
-// the key is gone.
+// requeue looks at the queue again after a deletion, if the key is still
+// there, and meanwhile renews the lease: the lock may be about to be ours,
+// and its life runs from that renewal (lock.Renewed). Both fail if the key
+// is gone. Only reads: the hand-off waits for no write to reach the disk.
 func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 	renewed := make(chan error, 1)
 	go func() { renewed <- l.renew(ctx) }()
@@ -337,7 +340,7 @@ func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 	defer cancel()
 	resp, err := l.c.Txn(cctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
-		Then(clientv3.OpPut(l.key, l.b.record(), clientv3.WithIgnoreLease()), l.b.getQueue(l.name)).
+		Then(l.b.getQueue(l.name)).
 		Commit()
 	if rerr := <-renewed; rerr != nil {
 		return nil, 0, rerr
@@ -349,7 +352,21 @@ func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 		return nil, 0, lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's key %s was deleted", l.b.addr, l.key)
 	}
 	l.seen = resp.Header.Revision
-	return l.place(resp.Responses[1].GetResponseRange().Kvs)
+	return l.place(resp.Responses[0].GetResponseRange().Kvs)
+}
+
+// stamp writes the record again, with acquired_at now, once a waiter got
+// the lock. It runs on its own, after the command has been let start, and
+// writes only while the key is still there: a release or a break before it
+// lands leaves nothing behind. A failure only leaves the time the waiter
+// began to wait.
+func (l *lease) stamp() {
+	ctx, cancel := call(context.Background())
+	defer cancel()
+	l.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
+		Then(clientv3.OpPut(l.key, l.b.record(), clientv3.WithIgnoreLease())).
+		Commit()
 }
 
 // renew renews a waiter's lease once, bounded by callTimeout. A lease gone
