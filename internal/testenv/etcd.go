@@ -323,6 +323,20 @@ func (e *Etcd) Watchers() (int, error) {
 	return 0, fmt.Errorf("testenv: no %s in the server's /metrics", strings.TrimSpace(metric))
 }
 
+// ErrNoEtcdctl is returned by [RequireEtcdctl] when etcdctl is not installed.
+// Its message says how to install it.
+var ErrNoEtcdctl = errors.New("testenv: etcdctl not found in PATH; install it with: apt-get install etcd-client (or run scripts/test-deps as root)")
+
+// RequireEtcdctl checks that etcdctl, which the interop scripts run, is in
+// PATH. If it is not, t fails under CI (CI=true) and is skipped elsewhere,
+// with the install hint either way.
+func RequireEtcdctl(t testing.TB) {
+	t.Helper()
+	if _, err := exec.LookPath("etcdctl"); err != nil {
+		missing(t, ErrNoEtcdctl, ErrNoEtcdctl)
+	}
+}
+
 // RequireEtcd starts a server with [StartEtcd] and closes it when t's test ends.
 // If etcd is not installed, t fails under CI (CI=true) and is skipped elsewhere,
 // with the install hint either way; any other error fails t.

@@ -11,6 +11,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 func etcdClient(t *testing.T, e *Etcd) *clientv3.Client {
@@ -124,7 +125,7 @@ func TestEtcdAuth(t *testing.T) {
 		t.Errorf("a wrong password: %v; want ErrAuthFailed", err)
 	}
 	// app may write under jobs/ only.
-	app, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, Username: "app", Password: "apppw", DialTimeout: 10 * time.Second})
+	app, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, Username: "app", Password: "apppw", DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
