@@ -48,6 +48,9 @@ var Backends = []Backend{
 	{Name: "mongodb", Network: true, Tokens: true, Start: func(t testing.TB) string {
 		return testenv.RequireMongo(t).URL
 	}},
+	{Name: "etcd", Network: true, Tokens: true, Start: func(t testing.TB) string {
+		return testenv.RequireEtcd(t).URL
+	}},
 	// Local: no network to break, so no faults; it checks the harness and
 	// the file backend under the same contention.
 	{Name: "file", Start: func(t testing.TB) string {
