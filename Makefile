@@ -22,12 +22,12 @@ lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt -l:"; echo "$$out"; exit 1; fi
 	go vet ./...
 
-# Installs what the tests need (PostgreSQL, node/npm, util-linux) if missing.
+# Installs what the tests need (PostgreSQL, Redis, etcd, node/npm, util-linux) if missing.
 deps:
 	@bash scripts/test-deps
 
 # Benchmarks, not part of test: Go micro-benchmarks of the hot paths, then
-# whole-process figures side by side with flock, psql and the npm withlock
+# whole-process figures side by side with flock, psql, etcdctl lock and the npm withlock
 # (internal/bench starts its own servers; it installs hyperfine if missing).
 bench: deps
 	go test -run '^$$' -bench . -benchtime 200x -count 5 ./internal/lock/...
