@@ -631,6 +631,10 @@ func TestWaitAcrossRestart(t *testing.T) {
 		got <- h
 	}()
 	waitWatchers(t, e, 1)
+	before := keys(t, c, name) // the holder's and the waiter's
+	if len(before) != 2 {
+		t.Fatalf("keys of a holder and a waiter: %q", before)
+	}
 	if err := e.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -642,9 +646,22 @@ func TestWaitAcrossRestart(t *testing.T) {
 	if err := e.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitWatchers(t, e, 1)
-	if ks := keys(t, c, name); len(ks) != 2 {
-		t.Errorf("keys after the waiter queued again: %q; want the holder's and the waiter's new one", ks)
+	// Wait for the waiter's new key. (Not for its watch: the client
+	// may briefly resume the watch of the failed wait on the restarted
+	// server, so a count of watches can be reached before the waiter
+	// queues again.)
+	var ks []string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ks = keys(t, c, name)
+		if len(ks) > 0 && ks[len(ks)-1] != before[0] && ks[len(ks)-1] != before[1] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiter did not queue again within 30s of the restart: keys %q", ks)
+		}
+	}
+	if len(ks) != 2 || ks[0] != before[0] {
+		t.Errorf("keys after the waiter queued again: %q; want the holder's (%s) and the waiter's new one, without the key of its failed wait (%s)", ks, before[0], before[1])
 	}
 	select {
 	case <-ha.Lost():
