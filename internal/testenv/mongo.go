@@ -304,3 +304,7 @@ func ferretdbDir() (string, error) {
 		}
 	}
 }
+
+// PID is the server process's id (0 while it is stopped), for measuring what
+// it spends (/proc/PID/stat).
+func (m *Mongo) PID() int { return m.proc.pid() }
