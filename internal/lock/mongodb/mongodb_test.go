@@ -74,6 +74,7 @@ func TestConformance(t *testing.T) {
 	m := testenv.RequireMongo(t)
 	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, m.URL, opts) }
 	locktest.Run(t, open, locktest.Options{})
+	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
 	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
 	locktest.RunLease(t, open,
 		func(t *testing.T, name string) {
