@@ -277,7 +277,8 @@ func (b *backend) connect() error {
 
 // Close takes back this client's writer-waiting mark, if it left one
 // (a wait that ended without the lock: a timeout, a signal), so that shared
-// holders need not wait for it to run out; then it disconnects.
+// holders need not wait for it to run out; then it disconnects. Closing
+// again does nothing.
 func (b *backend) Close() error {
 	if b.client == nil {
 		return nil
@@ -286,8 +287,11 @@ func (b *backend) Close() error {
 	defer cancel()
 	if b.mark.name != "" {
 		b.unmark(ctx)
+		b.mark.name = ""
 	}
-	return b.client.Disconnect(ctx)
+	client := b.client
+	b.client, b.locks = nil, nil
+	return client.Disconnect(ctx)
 }
 
 // unmark writes a state without this client's mark after the newest, if
