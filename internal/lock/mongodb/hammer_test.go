@@ -102,7 +102,7 @@ func hammer(t *testing.T, mode func(c int) lock.Options) {
 		watched        = make(chan []doc, 1)
 		c              = locks(t, m.URL)
 	)
-	go func() { watched <- watch(ctx, t, c, name, &read, &finished) }()
+	go func() { watched <- watch(ctx, t, m.URL, c, name, &read, &finished) }()
 	for c := range clients {
 		opts := mode(c)
 		opts.TTL, opts.Grace, opts.Holder = ttl, grace, lock.Holder{Host: fmt.Sprintf("client%d", c), PID: c + 1}
@@ -319,8 +319,9 @@ func compatible(a, b lock.Mode) bool {
 
 // watch reads the documents of name's chain one by one by _id, from the
 // first ("NAME#0") on, storing in read the seq of the last one read, until
-// done is set and it has read up to the newest.
-func watch(ctx context.Context, t *testing.T, c *mongo.Collection, name string, read *atomic.Int64, done *atomic.Bool) []doc {
+// done is set and it has read up to the newest. url is the server's, for
+// connecting again.
+func watch(ctx context.Context, t *testing.T, url string, c *mongo.Collection, name string, read *atomic.Int64, done *atomic.Bool) []doc {
 	var docs []doc
 	id := name + "#0"
 	failures := 0
@@ -341,6 +342,16 @@ func watch(ctx context.Context, t *testing.T, c *mongo.Collection, name string, 
 			// documents wait for us (gcFloor), so read again.
 			if failures++; failures == 1 || failures%100 == 0 {
 				t.Logf("watcher, reading %s again (%d failures): %v", id, failures, err)
+			}
+			if failures%50 == 0 {
+				// Once, on a busy machine, every read of one connection
+				// failed so for a minute while the clients' reads went
+				// through: read on a new connection.
+				if nc, err := mongo.Connect(options.Client().ApplyURI(url)); err == nil {
+					c.Database().Client().Disconnect(context.Background())
+					c = nc.Database(mongodb.DefaultDatabase).Collection(mongodb.Collection)
+					t.Cleanup(func() { nc.Disconnect(context.Background()) })
+				}
 			}
 			time.Sleep(5 * time.Millisecond) // not to add to the server's trouble
 			continue
