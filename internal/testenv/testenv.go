@@ -254,6 +254,17 @@ func (p *proc) signal(sig syscall.Signal) (pid int, err error) {
 	return p.cmd.Process.Pid, p.cmd.Process.Signal(sig)
 }
 
+// PID is the server's process id, 0 while it is stopped (for benchmarks
+// that read what it spends in /proc/PID/stat).
+func (p *proc) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Close kills the server and removes its directory. It is safe to call
 // twice, and after Stop or Pause.
 func (p *proc) Close() error {
