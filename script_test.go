@@ -135,7 +135,6 @@ func TestScripts(t *testing.T) {
 	testenv.RequireRedis(t).Close() // fail or skip early if one is missing
 	testenv.RequireMongo(t).Close()
 	testenv.RequireEtcd(t).Close()
-	testenv.RequireEtcdctl(t) // testdata/script/etcd runs it
 	var dbs atomic.Int64
 	backends := []struct {
 		name string

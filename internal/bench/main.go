@@ -10,6 +10,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -34,7 +35,13 @@ const (
 	npmAcquisition = 5 // per contender: the npm withlock costs ~0.3s a run
 )
 
+var (
+	onlyWaiting = flag.Bool("waiting", false, "measure only what waiters cost the server (the MongoDB row)")
+	binary      = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
+)
+
 func main() {
+	flag.Parse()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -55,12 +62,18 @@ func run() error {
 	if err := ensureTools(); err != nil {
 		return err
 	}
-	wl := filepath.Join(work, "withlock")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", wl, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("build: %w", err)
+	wl := *binary
+	if wl == "" {
+		wl = filepath.Join(work, "withlock")
+		build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", wl, ".")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		build.Stderr = os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("build: %w", err)
+		}
+	}
+	if *onlyWaiting {
+		return waitingFigures(work, wl)
 	}
 
 	pg, err := testenv.StartPostgres()
@@ -202,6 +215,27 @@ func run() error {
 		}
 		fmt.Printf("| %s | %.1f MB |\n", db.name, float64(rss)/1024)
 	}
+	return waitingFigures(work, wl)
+}
+
+// waitingFigures measures what waiters cost the server. Only the MongoDB
+// row so far: it needs the server's pid and an operation counter.
+func waitingFigures(work, wl string) error {
+	mg, err := testenv.StartMongo()
+	if err != nil {
+		return err
+	}
+	defer mg.Close()
+	ops, closeOps, err := mongoOps(mg.URL)
+	if err != nil {
+		return err
+	}
+	defer closeOps()
+	alone, crowd, err := waiting(work, wl, mg.URL, serverMeter{pid: mg.PID(), ops: ops})
+	if err != nil {
+		return fmt.Errorf("waiting on mongodb: %w", err)
+	}
+	printWaiting([]string{waitingRow("mongodb", alone, crowd)})
 	return nil
 }
 

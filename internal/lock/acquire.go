@@ -9,10 +9,17 @@ import (
 )
 
 // pollInterval is how often Acquire retries a held lock on a backend that
-// can neither wait on the server's side nor notify; slowPoll is the safety
-// net of a backend that notifies, for notifications that get lost.
+// can neither wait on the server's side nor notify, for the first fastFor
+// of a wait (a lock held briefly changes hands at once); then every
+// waitPoll, so that a long wait costs the server little while a waiter
+// still takes a released lock within a second (SPEC §3): a pause is at most
+// waitPoll, and an attempt takes a few round trips. slowPoll is the safety
+// net of a backend that notifies, for notifications that get lost. Pauses
+// are jittered (from half the interval up).
 const (
 	pollInterval = 100 * time.Millisecond
+	fastFor      = time.Second
+	waitPoll     = 700 * time.Millisecond
 	slowPoll     = time.Second
 )
 
@@ -39,6 +46,7 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 		unreachableSince time.Time
 		backoff          = newBackoff()
 		saidWaiting      bool
+		waitingSince     time.Time       // when the lock was first found held
 		released         <-chan struct{} // from the Notifier, once subscribed
 	)
 	for {
@@ -108,6 +116,7 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 			if !saidWaiting {
 				log.Debug("held elsewhere; waiting")
 				saidWaiting = true
+				waitingSince = time.Now()
 				if canWait {
 					continue // into the server-side wait
 				}
@@ -115,6 +124,9 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 			unreachableSince = time.Time{}
 			backoff = newBackoff()
 			pause = jitter(pollInterval)
+			if time.Since(waitingSince) >= fastFor {
+				pause = jitter(waitPoll)
+			}
 			if canNotify && !canWait {
 				if released == nil {
 					// Subscribe, then try again at once: a release between

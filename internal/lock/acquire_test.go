@@ -267,6 +267,55 @@ func TestAcquirePollsHeld(t *testing.T) {
 	}
 }
 
+// TestAcquirePollsSlowerLater: a long wait polls fast for its first second
+// (a lock held briefly changes hands at once), then slower, so that it
+// costs the server little, but never slower than every 700 ms, which keeps
+// a hand-off within SPEC §3's second. Sleeps can only be longer than asked
+// on a busy machine, so the slow polls' lower bound is exact.
+func TestAcquirePollsSlowerLater(t *testing.T) {
+	t.Parallel()
+	const fastFor, waitPoll = time.Second, 700 * time.Millisecond
+	var (
+		mu    sync.Mutex
+		calls []time.Time
+	)
+	start := time.Now()
+	b := &script{answer: func(int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, time.Now())
+		if time.Since(start) < fastFor+4*waitPoll {
+			return errHeld
+		}
+		return nil
+	}}
+	if _, err := acquire(t, testCtx(t), b, lock.Options{}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	fast, slow := 0, 0
+	for i := 1; i < len(calls); i++ {
+		gap := calls[i].Sub(calls[i-1])
+		if calls[i-1].Sub(calls[0]) < fastFor {
+			if gap < waitPoll/2 {
+				fast++
+			}
+			continue
+		}
+		slow++
+		if gap < waitPoll/2 {
+			t.Errorf("attempt %d came %v after the one before, %v into the wait; want at least %v once the first second is over", i, gap, calls[i-1].Sub(calls[0]), waitPoll/2)
+		}
+	}
+	if fast == 0 {
+		t.Errorf("no attempt in the first second came sooner than %v after the one before: %v", waitPoll/2, calls)
+	}
+	if slow < 2 {
+		t.Errorf("%d attempts after the first second; the test needs some", slow)
+	}
+}
+
 // TestAcquireUsesWaiter: a Waiter tries once, then waits on the server if
 // the lock is held, unless NoWait asks for one attempt.
 func TestAcquireUsesWaiter(t *testing.T) {

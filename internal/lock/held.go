@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -88,8 +89,11 @@ func (h *Held) Err() error {
 	}
 }
 
-// keep is the single loop that keeps the lock: Keep every TTL/3, sooner
-// after a failure, and give the lock up once it cannot be vouched for.
+// keep is the single loop that keeps the lock: Keep every TTL/3 (a little
+// sooner, at random, so that holders that took a shared lock or semaphore
+// together do not renew at the same moment and race for the same write),
+// sooner still after a failure, and give the lock up once it cannot be
+// vouched for.
 // waitCtx ends when Release stops the loop; keepCtx, its parent, only when
 // Release gives up waiting for a Keep in flight.
 func (h *Held) keep(waitCtx, keepCtx context.Context) {
@@ -97,7 +101,7 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 	interval := h.opts.TTL / 3
 	retry := max(interval/5, 100*time.Millisecond)
 	lastOK := h.acquiredAt
-	next := lastOK.Add(interval)
+	next := lastOK.Add(interval - rand.N(interval/4+1))
 	var lastErr error
 	watcher, _ := h.lease.(Watcher)
 	for {
@@ -125,7 +129,7 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 		case err == nil:
 			h.log.Debug("kept", "took", since(sent))
 			lastOK, lastErr = sent, nil
-			next = sent.Add(interval)
+			next = sent.Add(interval - rand.N(interval/4+1))
 		case errors.Is(err, ErrLost):
 			h.giveUp(err)
 			return

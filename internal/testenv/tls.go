@@ -12,60 +12,71 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
+	"syscall"
 	"time"
 )
 
-// EnableTLS gives the server a new self-signed certificate for 127.0.0.1 and
-// localhost, turns ssl on and restarts it (Configure, with settings too, if
-// any). Clients may still connect without TLS: pg_hba's host lines match both.
-// It returns the certificate's file, for clients' sslrootcert.
-func (p *Postgres) EnableTLS(settings ...string) (rootCert string, err error) {
-	certPEM, keyPEM, err := selfSigned()
+// writeCerts writes into dir a new CA (ca.crt) and a certificate it signed
+// for hosts (server.crt, server.key, owned by asUser if not nil: servers
+// refuse a key others can read), and returns ca.crt's path.
+func writeCerts(dir string, asUser *syscall.Credential, hosts ...string) (caFile string, err error) {
+	caKey, caDER, err := newCert(nil, nil, "withlock test CA")
 	if err != nil {
-		return "", fmt.Errorf("testenv: %w", err)
+		return "", err
 	}
-	for name, data := range map[string][]byte{"server.crt": certPEM, "server.key": keyPEM} {
-		file := filepath.Join(p.dataDir(), name)
-		if err := os.WriteFile(file, data, 0o600); err != nil { // the server refuses a key others can read
+	ca, _ := x509.ParseCertificate(caDER)
+	key, der, err := newCert(ca, caKey, "withlock test server", hosts...)
+	if err != nil {
+		return "", err
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	files := map[string][]byte{
+		"ca.crt":     pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		"server.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		"server.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+	}
+	for name, data := range files {
+		file := filepath.Join(dir, name)
+		if err := os.WriteFile(file, data, 0o600); err != nil {
 			return "", fmt.Errorf("testenv: %w", err)
 		}
-		if err := p.inst.chown(file); err != nil {
-			return "", err
+		if asUser != nil {
+			os.Chown(file, int(asUser.Uid), int(asUser.Gid))
 		}
 	}
-	rootCert = filepath.Join(p.Dir, "root.crt")
-	if err := os.WriteFile(rootCert, certPEM, 0o644); err != nil {
-		return "", fmt.Errorf("testenv: %w", err)
-	}
-	return rootCert, p.Configure(strings.Join(append([]string{"ssl = on"}, settings...), "\n"))
+	return filepath.Join(dir, "ca.crt"), os.Chmod(filepath.Join(dir, "ca.crt"), 0o644)
 }
 
-func selfSigned() (certPEM, keyPEM []byte, err error) {
+// newCert makes a key and a certificate for hosts signed by parent, or a
+// CA's self-signed one when parent is nil.
+func newCert(parent *x509.Certificate, parentKey *ecdsa.PrivateKey, name string, hosts ...string) (*ecdsa.PrivateKey, []byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("testenv: %w", err)
 	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "withlock test server"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		DNSNames:              []string{"localhost"},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	if parent == nil {
+		tmpl.IsCA, tmpl.BasicConstraintsValid, tmpl.KeyUsage = true, true, x509.KeyUsageCertSign
+		parent, parentKey = tmpl, key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("testenv: %w", err)
 	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
+	return key, der, nil
 }

@@ -446,12 +446,8 @@ func TestReleaseAt(t *testing.T) {
 
 func TestErrors(t *testing.T) {
 	e := testenv.RequireEtcd(t)
-	if err := e.EnableAuth("rootpw"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.AddUser("app", "apppw", "jobs/"); err != nil {
-		t.Fatal(err)
-	}
+	enableAuth(t, e, "rootpw")
+	addUser(t, e, "app", "apppw", "jobs/")
 	withUser := func(user, pw string) string {
 		u, _ := url.Parse(e.URL)
 		u.User = url.UserPassword(user, pw)
@@ -736,5 +732,45 @@ func TestList(t *testing.T) {
 	want := map[string]int{"jobs/a": 1, "jobs/a/b": 1, "by-etcdctl": 1, "key \xff/": 1}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("List: %v; want %v", got, want)
+	}
+}
+
+// enableAuth creates the root user with password rootPassword and turns
+// authentication on, as etcdctl user add root and etcdctl auth enable do.
+func enableAuth(t *testing.T, e *testenv.Etcd, rootPassword string) {
+	t.Helper()
+	c := client(t, e)
+	ctx := locktest.Context(t)
+	_, err := c.UserAdd(ctx, "root", rootPassword)
+	if err == nil {
+		_, err = c.UserGrantRole(ctx, "root", "root")
+	}
+	if err == nil {
+		_, err = c.AuthEnable(ctx)
+	}
+	if err != nil {
+		t.Fatalf("enable authentication: %v", err)
+	}
+	e.Root = rootPassword
+}
+
+// addUser creates user name with password, allowed to read and write the
+// keys under prefix and nothing else (an empty prefix: no key at all).
+func addUser(t *testing.T, e *testenv.Etcd, name, password, prefix string) {
+	t.Helper()
+	c := client(t, e)
+	ctx := locktest.Context(t)
+	_, err := c.UserAdd(ctx, name, password)
+	if err == nil && prefix != "" {
+		role := name + "-role"
+		if _, err = c.RoleAdd(ctx, role); err == nil {
+			_, err = c.RoleGrantPermission(ctx, role, prefix, clientv3.GetPrefixRangeEnd(prefix), clientv3.PermissionType(clientv3.PermReadWrite))
+		}
+		if err == nil {
+			_, err = c.UserGrantRole(ctx, name, role)
+		}
+	}
+	if err != nil {
+		t.Fatalf("add user %s: %v", name, err)
 	}
 }

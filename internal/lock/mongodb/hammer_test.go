@@ -28,6 +28,7 @@ import (
 // on it (at the latest, ttl after it sent its last successful attempt).
 type section struct {
 	client      int
+	mode        lock.Mode
 	token       int64
 	enter, exit time.Time
 }
@@ -44,6 +45,33 @@ type section struct {
 // It runs until 80 acquisitions (WITHLOCK_HAMMER=N: N), or 90s on a machine
 // too busy for that.
 func TestHammer(t *testing.T) {
+	hammer(t, func(int) lock.Options { return lock.Options{} })
+}
+
+// hammerN is the N of TestHammerModes's semaphore holders.
+const hammerN = 3
+
+// TestHammerModes is TestHammer with exclusive, shared and semaphore
+// holders (of N = 3) on one name: besides the lease's races, a mode's
+// holders join those of their mode and exclusive waiters mark themselves
+// against a stream of them. It checks that shared holders never are
+// inside with an exclusive one, nor a semaphore's with another mode's, and
+// that the semaphore never has N+1 holders: by the holders' clocks and in
+// every document of the chain.
+func TestHammerModes(t *testing.T) {
+	hammer(t, func(c int) lock.Options {
+		switch c % 3 {
+		case 1:
+			return lock.Options{Mode: lock.Shared}
+		case 2:
+			return lock.Options{Mode: lock.Semaphore, MaxHolders: hammerN}
+		}
+		return lock.Options{}
+	})
+}
+
+// hammer runs the hammer with client c's mode from mode(c).
+func hammer(t *testing.T, mode func(c int) lock.Options) {
 	m := testenv.RequireMongo(t)
 	want := 80
 	if n, err := strconv.Atoi(os.Getenv("WITHLOCK_HAMMER")); err == nil {
@@ -74,9 +102,11 @@ func TestHammer(t *testing.T) {
 		watched        = make(chan []doc, 1)
 		c              = locks(t, m.URL)
 	)
-	go func() { watched <- watch(ctx, t, c, name, &read, &finished) }()
+	go func() { watched <- watch(ctx, t, m.URL, c, name, &read, &finished) }()
 	for c := range clients {
-		b := locktest.Open(t, m.URL, lock.Options{TTL: ttl, Grace: grace, Holder: lock.Holder{Host: fmt.Sprintf("client%d", c), PID: c + 1}})
+		opts := mode(c)
+		opts.TTL, opts.Grace, opts.Holder = ttl, grace, lock.Holder{Host: fmt.Sprintf("client%d", c), PID: c + 1}
+		b := locktest.Open(t, m.URL, opts)
 		mongodb.SetGCFloor(b, func() int64 { return read.Load() })
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(c)))
@@ -102,7 +132,10 @@ func TestHammer(t *testing.T) {
 					time.Sleep(pause)
 					continue
 				}
-				s := section{client: c, token: l.(lock.Fenced).Token(), enter: time.Now()}
+				s := section{client: c, mode: opts.Mode, token: l.(lock.Fenced).Token(), enter: time.Now()}
+				if s.mode == "" {
+					s.mode = lock.Exclusive
+				}
 				until := sent.Add(ttl - grace) // what this holder may rely on, as lock.Held does
 				if !s.enter.Before(until) {
 					// Too late to use; lock.Held would give up at once.
@@ -154,37 +187,65 @@ func TestHammer(t *testing.T) {
 
 	// The holders' own view.
 	slices.SortFunc(sections, func(a, b section) int { return a.enter.Compare(b.enter) })
-	t.Logf("%d acquisitions by %d clients in %v", len(sections), clients, time.Since(start).Round(time.Millisecond))
+	modes := map[lock.Mode]int{}
+	for _, s := range sections {
+		modes[s.mode]++
+	}
+	t.Logf("%d acquisitions by %d clients in %v: %v", len(sections), clients, time.Since(start).Round(time.Millisecond), modes)
 	if len(sections) < want/4 {
 		t.Errorf("only %d acquisitions in %v; the test needs many", len(sections), maxRun)
 	}
 	overlaps := 0
-	for i := 1; i < len(sections); i++ {
-		prev, s := sections[i-1], sections[i]
-		if s.enter.Before(prev.exit) && overlaps < 10 {
-			t.Errorf("two holders inside at once: client %d (token %d) entered %v before client %d (token %d) left",
-				s.client, s.token, prev.exit.Sub(s.enter), prev.client, prev.token)
+	for i, s := range sections {
+		var inside []section // those that entered before s and were still inside
+		for _, p := range sections[:i] {
+			if s.enter.Before(p.exit) {
+				inside = append(inside, p)
+			}
 		}
-		if s.enter.Before(prev.exit) {
+		for _, p := range inside {
+			if !compatible(p.mode, s.mode) {
+				overlaps++
+				if overlaps <= 10 {
+					t.Errorf("a %s holder inside with a %s one: client %d (token %d) entered %v before client %d (token %d) left",
+						s.mode, p.mode, s.client, s.token, p.exit.Sub(s.enter), p.client, p.token)
+				}
+			}
+		}
+		if s.mode == lock.Semaphore && len(inside) >= hammerN {
 			overlaps++
+			t.Errorf("client %d (token %d) entered a semaphore of %d with %d holders inside", s.client, s.token, hammerN, len(inside))
 		}
-		if s.token <= prev.token {
-			t.Errorf("client %d entered with token %d after client %d's token %d", s.client, s.token, prev.client, prev.token)
+		// A holder that excludes an earlier one took the lock after that
+		// one's lease, so with a larger token.
+		for _, p := range sections[:i] {
+			if !compatible(p.mode, s.mode) && s.token <= p.token {
+				t.Errorf("client %d (%s) entered with token %d after client %d's (%s) token %d", s.client, s.mode, s.token, p.client, p.mode, p.token)
+			}
 		}
 	}
 	if overlaps > 0 {
 		t.Errorf("%d overlaps in %d acquisitions", overlaps, len(sections))
 	}
 
-	// The chain's view: every document follows the one before it, at most
-	// one holder at a time, a holder replaced only after its lease ran out
-	// by the server's clock, and each holder's token the seq at which it
-	// first appears.
+	// The chain's view: every document follows the one before it; its
+	// holders all have its mode, one if exclusive, at most N of a
+	// semaphore; a holder joins with the seq of the document as its
+	// token and keeps it; and a document drops a holder only by its
+	// release, by a break, or after its lease ran out by the server's
+	// clock.
 	docs := <-watched
-	takes, acquired := 0, map[int64]bool{}
+	takes, marks, acquired := 0, 0, map[int64]bool{}
 	for i, d := range docs {
-		if len(d.Holders) > 1 {
-			t.Fatalf("document %s has %d holders", d.ID, len(d.Holders))
+		mode := lock.Mode(d.Mode)
+		if mode == "" {
+			mode = lock.Exclusive
+		}
+		switch {
+		case mode == lock.Exclusive && len(d.Holders) > 1:
+			t.Fatalf("document %s: %d exclusive holders", d.ID, len(d.Holders))
+		case mode == lock.Semaphore && (d.Max != hammerN || len(d.Holders) > hammerN):
+			t.Fatalf("document %s: %d holders of a semaphore of %d", d.ID, len(d.Holders), d.Max)
 		}
 		if i == 0 {
 			if d.ID != name+"#0" || len(d.Holders) != 1 || d.Holders[0].Token != d.Seq {
@@ -197,29 +258,42 @@ func TestHammer(t *testing.T) {
 		if d.Seq != prev.Seq+1 {
 			t.Fatalf("document %s follows seq %d", d.ID, prev.Seq)
 		}
-		if len(d.Holders) == 0 {
-			continue
-		}
-		h := d.Holders[0]
-		if len(prev.Holders) == 1 && prev.Holders[0].ID == h.ID {
-			if h.Token != prev.Holders[0].Token {
-				t.Errorf("document %s: the holder's token changed from %d to %d", d.ID, prev.Holders[0].Token, h.Token)
+		joined, dropped := 0, 0
+		for _, h := range d.Holders {
+			j := slices.IndexFunc(prev.Holders, func(p holderDoc) bool { return p.ID == h.ID })
+			switch {
+			case j >= 0 && prev.Holders[j].Token != h.Token:
+				t.Errorf("document %s: the holder's token changed from %d to %d", d.ID, prev.Holders[j].Token, h.Token)
+			case j < 0 && h.Token != d.Seq:
+				t.Errorf("document %s: a new holder with token %d", d.ID, h.Token)
+			case j < 0:
+				joined++
+				acquired[d.Seq] = true
 			}
-			continue
 		}
-		if h.Token != d.Seq {
-			t.Errorf("document %s: a new holder with token %d", d.ID, h.Token)
+		for _, p := range prev.Holders {
+			if slices.ContainsFunc(d.Holders, func(h holderDoc) bool { return h.ID == p.ID }) {
+				continue
+			}
+			dropped++
+			if d.Op != "release" && d.Op != "break" && !d.At.After(p.ExpiresAt) {
+				t.Errorf("document %s (%s): %s was dropped at %v, but its lease ran until %v", d.ID, d.Op, p.Host, d.At, p.ExpiresAt)
+			}
 		}
-		acquired[d.Seq] = true
-		if len(prev.Holders) == 1 {
+		if joined > 1 || d.Op == "release" && dropped != 1 {
+			t.Errorf("document %s (%s): %d holders joined and %d were dropped", d.ID, d.Op, joined, dropped)
+		}
+		if joined == 1 && d.Op == "take" {
 			takes++
-			if p := prev.Holders[0]; !d.At.After(p.ExpiresAt) {
-				t.Errorf("document %s: %s took the lock at %v from %s, whose lease ran until %v",
-					d.ID, h.Host, d.At, p.Host, p.ExpiresAt)
-			}
+		}
+		if w := prev.Writer; joined == 1 && mode != lock.Exclusive && w != nil && !d.At.After(w.Until) {
+			t.Errorf("document %s: a %s holder joined while an exclusive waiter's mark was live (until %v)", d.ID, mode, w.Until)
+		}
+		if d.Writer != nil {
+			marks++
 		}
 	}
-	t.Logf("chain: %d documents, %d acquisitions, %d of them takeovers", len(docs), len(acquired), takes)
+	t.Logf("chain: %d documents, %d acquisitions, %d of them taking expired leases; %d documents with a writer-waiting mark", len(docs), len(acquired), takes, marks)
 	held := map[int64]bool{}
 	for _, s := range sections {
 		held[s.token] = true
@@ -238,12 +312,19 @@ func TestHammer(t *testing.T) {
 	t.Logf("%d acquisitions in the chain that no holder used", unused)
 }
 
+// compatible says whether holders of modes a and b may be inside at once.
+func compatible(a, b lock.Mode) bool {
+	return a == b && a != lock.Exclusive
+}
+
 // watch reads the documents of name's chain one by one by _id, from the
 // first ("NAME#0") on, storing in read the seq of the last one read, until
-// done is set and it has read up to the newest.
-func watch(ctx context.Context, t *testing.T, c *mongo.Collection, name string, read *atomic.Int64, done *atomic.Bool) []doc {
+// done is set and it has read up to the newest. url is the server's, for
+// connecting again.
+func watch(ctx context.Context, t *testing.T, url string, c *mongo.Collection, name string, read *atomic.Int64, done *atomic.Bool) []doc {
 	var docs []doc
 	id := name + "#0"
+	failures := 0
 	for {
 		var d doc
 		err := c.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&d)
@@ -252,6 +333,27 @@ func watch(ctx context.Context, t *testing.T, c *mongo.Collection, name string, 
 			docs = append(docs, d)
 			read.Store(d.Seq)
 			id = name + "#" + strconv.FormatInt(d.Seq+1, 10)
+			failures = 0
+			continue
+		case !errors.Is(err, mongo.ErrNoDocuments) && ctx.Err() == nil:
+			// A busy FerretDB fails reads now and then ("interrupted": a
+			// client that gave up on its own query can interrupt the
+			// SQLite connection that the next query runs on); the
+			// documents wait for us (gcFloor), so read again.
+			if failures++; failures == 1 || failures%100 == 0 {
+				t.Logf("watcher, reading %s again (%d failures): %v", id, failures, err)
+			}
+			if failures%50 == 0 {
+				// Once, on a busy machine, every read of one connection
+				// failed so for a minute while the clients' reads went
+				// through: read on a new connection.
+				if nc, err := mongo.Connect(options.Client().ApplyURI(url)); err == nil {
+					c.Database().Client().Disconnect(context.Background())
+					c = nc.Database(mongodb.DefaultDatabase).Collection(mongodb.Collection)
+					t.Cleanup(func() { nc.Disconnect(context.Background()) })
+				}
+			}
+			time.Sleep(5 * time.Millisecond) // not to add to the server's trouble
 			continue
 		case !errors.Is(err, mongo.ErrNoDocuments):
 			t.Errorf("watcher: %v", err)

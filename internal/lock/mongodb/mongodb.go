@@ -3,17 +3,21 @@
 // (default "withlock"), one document per change of the lock's state, each
 // written only by inserting it under the next sequence number:
 //
-//	{_id: "NAME#<seq>", name, seq, op, at, holders: [{id, token, host, pid,
-//	  command, acquiredAt, expiresAt}]}
+//	{_id: "NAME#<seq>", name, seq, op, at, mode, max, holders: [{id, token,
+//	  host, pid, command, acquiredAt, expiresAt}], writer: {id, host, pid, until}}
 //
 // The document of NAME with the highest seq is the lock's state: holders is
-// empty when NAME is free. Every change is decided on a state n and written
-// by inserting state n+1: acquire (n is free, or its holder's lease has run
-// out by the server's clock), renew and release (n lists our holder id).
-// Two clients that decided on the same state race for the same _id; exactly
-// one insert succeeds, the other gets a duplicate-key error, reads the state
-// that won and decides again (a bounded loop inside one attempt: each lost
-// race means that someone else's write landed).
+// empty when NAME is free; mode says how they hold it (exclusive, shared,
+// semaphore; absent means exclusive) and max is a semaphore's N. Every
+// change is decided on a state n and written by inserting state n+1:
+// acquire (n has room for us: no live holder for an exclusive lock, only
+// shared ones for a shared lock, fewer than N of the same N for a
+// semaphore; a holder is live until its lease runs out by the server's
+// clock), renew and release (n lists our holder id). Two clients that
+// decided on the same state race for the same _id; exactly one insert
+// succeeds, the other gets a duplicate-key error, reads the state that won
+// and decides again (a bounded loop inside one attempt: each lost race
+// means that someone else's write landed).
 //
 // # Why this is atomic on FerretDB v1 as on MongoDB
 //
@@ -28,6 +32,9 @@
 // both need "NAME#n+1". (An updated lease document cannot give this: its
 // renewal, filtered on "expiresAt > now" with a now read a round trip
 // earlier, can land after another client took the expired lease over.)
+// Shared and semaphore holders are entries of one list, each with its own
+// lease: a writer drops the entries whose lease has run out, so a crashed
+// holder frees only its own place.
 //
 // # Expiry
 //
@@ -43,49 +50,76 @@
 // TryAcquire is bounded by TTL-Grace, so that it never hands its caller a
 // lease whose time is already up.
 //
-// # Deleting old documents, and the check after each write
+// # The check after each write
 //
-// One write in keep deletes the documents of its name more than keep below
-// it, by name and seq: fields that never change, so a delete can only remove
-// documents that nobody writes any more. But a deleted _id can be inserted
-// again: a client that decided on state n and stalled (or whose insert sat
-// in a network buffer) while the chain moved on by more than keep can insert
-// "NAME#n+1" after it was deleted, on a state long gone. Such an insert is
-// never the newest document, so it misleads no reader; only its writer could
-// believe in it. Hence an acquisition or a renewal counts only if the newest
-// state, read after its insert, is at most keep above it and lists the
-// writer with the expiry it wrote. A renewal also checks that the state it
-// followed is still below it: if the documents were deleted (an operator,
-// a dropped collection), its insert began a chain of its own, and the lock
-// is lost.
+// An acquisition or a renewal counts only if the newest state, read after
+// its insert, lists the writer with the expiry it wrote. Old documents are
+// deleted (below), and a deleted _id can be inserted again: a client that
+// decided on state n and stalled (or whose insert sat in a network buffer)
+// while the chain moved on can insert "NAME#n+1" after it was deleted, on a
+// state long gone. Such an insert is never the newest document, so nobody
+// decides on it, and no newer state can copy its entry: only its writer
+// could believe in it, and the check stops that. A renewal whose insert
+// did not count but whose holder the newest state still lists (its insert
+// was such a late one, or lost a race) writes again after the newest. A
+// renewal also checks that its insert is not the oldest document of the
+// name: if the documents were deleted (an operator, a dropped collection),
+// its insert began a chain of its own, and the lock is lost.
+//
+// # Deleting old documents, and what a poll reads
+//
+// A write whose check read the whole chain deletes the documents of its
+// name that are more than keep below the newest and older than spare: each
+// is below a state whose writer read the server's time, after the state it
+// followed had been written, more than spare ago. Until then, every state
+// written after one that a client read as the newest is still there. So a
+// waiting client, which knows the newest state as of its last poll, polls
+// by reading the state after it by _id (FerretDB v1's one indexed query),
+// usually finding nothing: one operation. It reads the newest state instead
+// when that state is more than spare/2 old or the chain moved on by more
+// than walk, and the server's time only when the state it knows could let
+// it in by the server's clock as last read (upper) and running on since:
+// a lock held for sure is reported with the time its holders' leases have
+// left, which is when Client.Acquire comes back at the latest.
+//
+// # Fairness
+//
+// An exclusive waiter kept out by shared or semaphore holders writes a
+// writer-waiting mark (writer: its id, until the server's time + markTTL)
+// and refreshes it while it waits; every writer copies a live mark on. New
+// shared and semaphore holders do not join while another's mark is live;
+// the holders' renewals are not affected, so the lock drains and the
+// exclusive waiter takes it, dropping its mark. A mark whose waiter is gone
+// runs out after markTTL; one that gave up waiting (a timeout, a signal)
+// takes it back in Close. With several exclusive waiters the writers come
+// first: shared waiters wait while any writer waits.
 //
 // # Fencing tokens
 //
 // WITHLOCK_TOKEN is the seq of the document that recorded the acquisition, so
-// it grows with every acquisition (and with every other change). The first
-// document of a name, when it has none (new, or the collection was dropped),
-// is "NAME#0" with seq = the server's time in microseconds; the later ones
-// count up from there. Tokens therefore keep growing across a drop as long as
-// the server's clock does not go back and the name changes state less than
-// once a microsecond on average. "NAME#0" is the same _id for every first
-// acquisition, so that they race for it, and it is never deleted, so that a
-// stale first acquisition cannot land later.
+// it grows with every acquisition, in every mode (and with every other
+// change). The first document of a name, when it has none (new, or the
+// collection was dropped), is "NAME#0" with seq = the server's time in
+// microseconds; the later ones count up from there. Tokens therefore keep
+// growing across a drop as long as the server's clock does not go back and
+// the name changes state less than once a microsecond on average. "NAME#0"
+// is the same _id for every first acquisition, so that they race for it, and
+// it is never deleted, so that a stale first acquisition cannot land later.
 //
 // # What it costs
 //
-// Round trips: a poll of a held lock 2 (the newest state, the server's
-// time); an acquisition 4 (those, the insert, the check); a renewal 3 (the
-// server's time, the insert, the check: a holder writes after its own last
-// state without reading first); a release 1. One write in keep also deletes
-// old documents. On MongoDB "the newest state of NAME" is a range of the _id
-// index. FerretDB v1 hands only a filter on _id alone to SQLite; any other
-// query reads and decodes the whole collection (about 0.2ms a document on a
-// busy test machine), which the deletions keep to at most 2·keep+2
-// documents per name. A poll could read by _id alone ("NAME#n+1", the state
-// after the last one seen) and the server's time only when a takeover is
-// possible; but a waiter that walks the chain one state per poll falls
-// behind a burst of changes, and deletions can then leave it a gap to wait
-// on. That needs deletions that spare recent documents first.
+// Round trips: a poll of a held lock 1 (the state after the newest known,
+// by _id; one more for each state written since); an acquisition 3 more
+// (the server's time, the insert, the check); an exclusive holder's
+// renewal 3 (the server's time, the insert, the check: it writes after its
+// own last state without reading first); a shared or semaphore holder's
+// renewal 4 (it reads the newest state first, since the others write too);
+// a release 1 (shared: 2). Each lost race adds a read of the newest state
+// and of the server's time. On MongoDB "the newest state of NAME" is a
+// range of the _id index. FerretDB v1 hands only a filter on _id alone to
+// SQLite; any other query reads and decodes the whole collection (about
+// 0.2ms a document on a busy test machine), which the deletions keep to
+// keep+1 documents per name and those written in the last spare.
 package mongodb
 
 import (
@@ -93,11 +127,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
@@ -128,23 +160,41 @@ const maxSelect = 5 * time.Second
 // reported as unavailable instead of hanging the wait loop.
 const attemptTimeout = 10 * time.Second
 
-// keep is how far below the newest document of a name documents are kept.
-// It is part of the protocol: the check after each write relies on every
-// client deleting only documents more than keep below its own, so it may
-// grow in a later version but never shrink.
+// keep is how many documents below the newest of a name are always kept,
+// for people reading the chain.
 const keep = 4
 
-// rounds bounds the read-decide-insert loop of one attempt. Each round after
-// the first follows someone else's successful write.
+// spare is how long documents are kept after a later state was written
+// (see the package doc): longer than Client.Acquire's slowest poll, so
+// that a waiter reading by _id never finds a gap. It costs documents: a
+// name keeps what it wrote in the last spare.
+const spare = 2 * time.Second
+
+// walk is how many states a poll reads one by one by _id before it reads
+// the newest instead.
+const walk = 4
+
+// markTTL is how long an exclusive waiter's writer-waiting mark lasts
+// unless refreshed; it is refreshed once less than half of it is left,
+// which a waiter polling at Client.Acquire's pace always sees in time.
+const markTTL = 5 * time.Second
+
+// rounds bounds the read-decide-insert loop of one attempt, together with
+// the number of holders in the state it began with: each round after the
+// first follows someone else's successful write, and every other holder
+// renews once in a while, so that a renewal is not starved by its peers'.
 const rounds = 4
 
 // Ops, recorded in each document for people and tests reading the chain.
 const (
-	opAcquire = "acquire" // the lock was free
-	opTake    = "take"    // the holder's lease had run out
+	opAcquire = "acquire" // a holder joined (the lock was free, or shared)
+	opTake    = "take"    // a holder joined, dropping holders whose lease had run out
 	opRenew   = "renew"
 	opRelease = "release"
 	opLinger  = "linger" // released, but held until a given time (--hold-at-least)
+	opMark    = "mark"   // an exclusive waiter marked itself waiting
+	opUnmark  = "unmark" // the waiter gave up and took its mark back
+	opBreak   = "break"  // withlock release --force
 )
 
 type backend struct {
@@ -155,13 +205,28 @@ type backend struct {
 	opts   lock.Options
 	client *mongo.Client
 	locks  *mongo.Collection
-	keep   int64 // keep, except in tests
+	keep   int64         // keep, except in tests
+	spare  time.Duration // spare, except in tests
 
 	// attempt is the holder id under which TryAcquire tries to take name.
 	// It stays the same until an attempt succeeds, so that an insert whose
 	// answer was lost (it may have taken the lock) is recognised as ours by
-	// the next attempt instead of blocking it until the lease runs out.
+	// the next attempt instead of blocking it until the lease runs out. It
+	// is also the id of our writer-waiting mark.
 	attempt struct{ name, id string }
+	// mark is the name and id of the writer-waiting mark we wrote last,
+	// until an acquisition drops it.
+	mark struct{ name, id string }
+	// seen is the newest state of name that TryAcquire knows of, and when
+	// the read that showed it to be the newest was sent (see current).
+	seen struct {
+		name string
+		cur  *state
+		sent time.Time
+	}
+	// clock is the last reading of the server's clock, and when it was
+	// sent (see upper).
+	clock struct{ server, sent time.Time }
 
 	// gcFloor, if set (by tests), bounds the documents deleted: none at or
 	// above the seq it returns.
@@ -169,9 +234,6 @@ type backend struct {
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
-	if opts.Mode != lock.Exclusive {
-		return nil, lock.Errorf(lock.ErrUsage, "%s locks are not supported by the mongodb backend yet", opts.Mode)
-	}
 	cs, err := connstring.Parse(u.String())
 	if err != nil {
 		return nil, lock.Errorf(lock.ErrUsage, "mongodb URL: %v", err)
@@ -180,7 +242,7 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	if db == "" {
 		db = DefaultDatabase
 	}
-	return &backend{uri: u.String(), dbName: db, addr: strings.Join(cs.Hosts, ","), wSet: cs.WNumberSet || cs.WString != "", opts: opts, keep: keep}, nil
+	return &backend{uri: u.String(), dbName: db, addr: strings.Join(cs.Hosts, ","), wSet: cs.WNumberSet || cs.WString != "", opts: opts, keep: keep, spare: spare}, nil
 }
 
 // connect creates the client on first use; the driver then keeps its
@@ -213,213 +275,39 @@ func (b *backend) connect() error {
 	return nil
 }
 
+// Close takes back this client's writer-waiting mark, if it left one
+// (a wait that ended without the lock: a timeout, a signal), so that shared
+// holders need not wait for it to run out; then it disconnects. Closing
+// again does nothing.
 func (b *backend) Close() error {
 	if b.client == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	return b.client.Disconnect(ctx)
-}
-
-// state is one document of a name's chain. Documents are never changed.
-type state struct {
-	ID      string    `bson:"_id"`
-	Name    string    `bson:"name"`
-	Seq     int64     `bson:"seq"`
-	Op      string    `bson:"op"`
-	At      time.Time `bson:"at,omitempty"` // the server's time the writer read, if it read one
-	Holders []holder  `bson:"holders"`
-}
-
-// holder is one holder's entry in a state.
-type holder struct {
-	ID         string    `bson:"id"`    // random; proves that the entry is ours
-	Token      int64     `bson:"token"` // the fencing token: seq of the acquiring state
-	Host       string    `bson:"host"`
-	PID        int       `bson:"pid"`
-	Command    []string  `bson:"command"`
-	AcquiredAt time.Time `bson:"acquiredAt"`
-	ExpiresAt  time.Time `bson:"expiresAt"`
-}
-
-// docID is the _id of name's state seq. The first state of a chain is
-// always "NAME#0", whatever its seq. The seq part has no "#", so the name is
-// everything before the last "#" and no two (name, seq) share an _id.
-func docID(name string, seq int64, first bool) string {
-	if first {
-		return name + "#0"
+	if b.mark.name != "" {
+		b.unmark(ctx)
+		b.mark.name = ""
 	}
-	return name + "#" + strconv.FormatInt(seq, 10)
+	client := b.client
+	b.client, b.locks = nil, nil
+	return client.Disconnect(ctx)
 }
 
-// ofName selects the documents of name: an _id range, so that MongoDB finds
-// them in its _id index (a longer name with the same prefix and a "#" can
-// fall in the range too, hence the name).
-func ofName(name string) bson.D {
-	return bson.D{
-		{Key: "_id", Value: bson.D{{Key: "$gte", Value: name + "#"}, {Key: "$lt", Value: name + "$"}}},
-		{Key: "name", Value: name},
-	}
-}
-
-// holder returns the entry with holder id id, or nil. s may be nil.
-func (s *state) holder(id string) *holder {
-	if s == nil {
-		return nil
-	}
-	for i := range s.Holders {
-		if s.Holders[i].ID == id {
-			return &s.Holders[i]
+// unmark writes a state without this client's mark after the newest, if
+// that has it. One try: the mark runs out by itself anyway.
+func (b *backend) unmark(ctx context.Context) {
+	name := b.mark.name
+	for range rounds {
+		cur, _, err := b.newest(ctx, name)
+		if err != nil || cur == nil || cur.Writer == nil || cur.Writer.ID != b.mark.id {
+			return
 		}
-	}
-	return nil
-}
-
-// live returns the holder whose lease has not run out at the server's time
-// now, or nil. A lease runs out only once now is after expiresAt.
-func (s *state) live(now time.Time) *holder {
-	if s == nil {
-		return nil
-	}
-	for i := range s.Holders {
-		if !now.After(s.Holders[i].ExpiresAt) {
-			return &s.Holders[i]
+		n := cur.after(name, opUnmark, time.Time{})
+		n.holding(cur.Holders, cur.mode(), cur.Max)
+		if ok, err := b.insert(ctx, &n); ok || err != nil {
+			return
 		}
-	}
-	return nil
-}
-
-// next returns the state that follows s (nil: the chain is empty), written
-// at the server's time at (zero: not read) with holders.
-func (s *state) next(name, op string, at time.Time, holders []holder) state {
-	n := state{Name: name, Op: op, At: at, Holders: holders}
-	if s == nil {
-		n.Seq = at.UnixMicro()
-		n.ID = docID(name, n.Seq, true)
-	} else {
-		n.Seq = s.Seq + 1
-		n.ID = docID(name, n.Seq, false)
-	}
-	if n.Holders == nil {
-		n.Holders = []holder{} // an empty array, not null, for people reading it
-	}
-	return n
-}
-
-// msAfter is t + d in whole milliseconds (rounded down), as the server
-// stores it; so that an expiry read back equals the one written. Rounding
-// down stays safe: a lease is taken over only once the server's time, also
-// in whole milliseconds, is after expiresAt, so at least a millisecond
-// after, which is later than t + d.
-func msAfter(t time.Time, d time.Duration) time.Time {
-	return t.Add(d).Truncate(time.Millisecond)
-}
-
-// with returns s's holders with id's entry replaced by h (or h added), and
-// without those whose lease ran out before now.
-func (s *state) with(id string, h holder, now time.Time) []holder {
-	hs := []holder{h}
-	if s != nil {
-		for _, o := range s.Holders {
-			if o.ID != id && !now.After(o.ExpiresAt) {
-				hs = append(hs, o)
-			}
-		}
-	}
-	return hs
-}
-
-// without returns s's holders except id's.
-func (s *state) without(id string) []holder {
-	hs := []holder{}
-	for _, o := range s.Holders {
-		if o.ID != id {
-			hs = append(hs, o)
-		}
-	}
-	return hs
-}
-
-// newest reads name's newest k states, newest first. On FerretDB v1 this
-// reads the whole collection (see the package doc).
-func (b *backend) newest(ctx context.Context, name string, k int64) ([]state, error) {
-	cur, err := b.locks.Find(ctx, ofName(name), options.Find().SetSort(bson.D{{Key: "seq", Value: -1}}).SetLimit(k))
-	if err != nil {
-		return nil, b.classify(ctx, err)
-	}
-	var ss []state
-	if err := cur.All(ctx, &ss); err != nil {
-		return nil, b.classify(ctx, err)
-	}
-	return ss, nil
-}
-
-// newest1 is the newest state of name, or nil.
-func (b *backend) newest1(ctx context.Context, name string) (*state, error) {
-	ss, err := b.newest(ctx, name, 1)
-	if err != nil || len(ss) == 0 {
-		return nil, err
-	}
-	return &ss[0], nil
-}
-
-// serverTime reads the server's clock, which alone judges expiry.
-func (b *backend) serverTime(ctx context.Context) (time.Time, error) {
-	var hello struct {
-		LocalTime time.Time `bson:"localTime"`
-	}
-	if err := b.client.Database("admin").RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&hello); err != nil {
-		return time.Time{}, b.classify(ctx, err)
-	}
-	if hello.LocalTime.IsZero() {
-		return time.Time{}, lock.Errorf(lock.ErrRefused, "mongodb at %s does not tell its time (no localTime in hello)", b.addr)
-	}
-	return hello.LocalTime, nil
-}
-
-// insert writes n as the state after n.Seq-1. It reports false, with no
-// error, when another client wrote that state first.
-func (b *backend) insert(ctx context.Context, n *state) (bool, error) {
-	_, err := b.locks.InsertOne(ctx, n)
-	switch {
-	case mongo.IsDuplicateKeyError(err):
-		return false, nil
-	case err != nil:
-		return false, b.classify(ctx, err)
-	}
-	return true, nil
-}
-
-// counts reports whether n, just inserted, gives holder id the lease ending
-// at expires, judged by top, the newest state read after the insert: not a
-// stale insert (at most keep below top, see the package doc) and top lists
-// id with that expiry.
-func (b *backend) counts(n, top *state, id string, expires time.Time) bool {
-	if top == nil || top.Seq > n.Seq+b.keep {
-		return false
-	}
-	h := top.holder(id)
-	return h != nil && !h.ExpiresAt.Before(expires)
-}
-
-// collect deletes, once every keep states, the documents of n's name more
-// than keep below n, except the first ("NAME#0", so that a stale first
-// acquisition cannot be inserted again). A failure only leaves them for the
-// next time.
-func (b *backend) collect(ctx context.Context, n *state) {
-	if n.Seq%b.keep != 0 {
-		return
-	}
-	filter := ofName(n.Name)
-	filter[0].Value = bson.D{{Key: "$gt", Value: n.Name + "#0"}, {Key: "$lt", Value: n.Name + "$"}}
-	below := n.Seq - b.keep
-	if b.gcFloor != nil {
-		below = min(below, b.gcFloor())
-	}
-	filter = append(filter, bson.E{Key: "seq", Value: bson.D{{Key: "$lt", Value: below}}})
-	if _, err := b.locks.DeleteMany(ctx, filter); err != nil {
-		b.opts.Log.Debug("could not delete old lock documents", "lock", n.Name, "err", err)
 	}
 }
 
@@ -433,65 +321,109 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 		b.attempt.name, b.attempt.id = name, lock.NewToken()
 	}
 	id := b.attempt.id
-	// One reading of the server's clock serves every round: it is later
-	// than the caller's send time, which is all the expiry written needs,
-	// and an older now only makes a lease look live longer.
-	var now time.Time
-	for range rounds {
-		cur, err := b.newest1(ctx, name)
+	cur, err := b.current(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	// A lock held for sure by the server's clock as last read, and run on
+	// since, is answered without reading that clock again.
+	if u, ok := b.upper(); ok {
+		v, until, err := b.decide(name, cur, id, u)
 		if err != nil {
 			return nil, err
 		}
-		if now.IsZero() {
-			if now, err = b.serverTime(ctx); err != nil {
+		if v == wait {
+			return nil, lock.HeldFor(max(until.Sub(u), time.Millisecond))
+		}
+	}
+	// One reading of the server's clock serves every round: it is later
+	// than the caller's send time, which is all the expiry written needs,
+	// and an older now only makes a lease look live longer. It is read
+	// after cur, which makes cur's seq the base of what we write.
+	now, err := b.serverTime(ctx)
+	if err != nil {
+		return nil, err
+	}
+	base := cur.seq()
+	limit := rounds + cur.size()
+	for round := 1; ; round++ {
+		v, until, err := b.decide(name, cur, id, now)
+		if err != nil {
+			return nil, err
+		}
+		var n state
+		switch v {
+		case signal:
+			if err := b.signal(ctx, name, cur, id, now, base); err != nil {
 				return nil, err
 			}
-		}
-		expires := msAfter(now, b.opts.TTL)
-		var n state
-		if own := cur.holder(id); own != nil {
+			fallthrough
+		case wait:
+			return nil, lock.HeldFor(max(until.Sub(now), time.Millisecond))
+		case renew:
 			// An earlier attempt took the lock and its answer was lost:
 			// renew that entry for this attempt's caller.
-			h := *own
-			h.ExpiresAt = expires
-			n = cur.next(name, opRenew, now, cur.with(id, h, now))
-		} else if h := cur.live(now); h != nil {
-			return nil, lock.HeldFor(max(h.ExpiresAt.Sub(now), time.Millisecond))
-		} else {
-			op := opAcquire
-			if cur != nil && len(cur.Holders) > 0 {
-				op = opTake
-			}
-			n = cur.next(name, op, now, nil)
-			hold := b.opts.Holder
-			n.Holders = cur.with(id, holder{
-				ID: id, Token: n.Seq,
-				Host: hold.Host, PID: hold.PID, Command: hold.Command,
-				AcquiredAt: now, ExpiresAt: expires,
-			}, now)
-			if op == opTake {
-				b.opts.Log.Debug("taking over an expired lease", "lock", name, "holder", cur.Holders[0].Host, "pid", cur.Holders[0].PID)
+			n = cur.renewed(name, opRenew, id, now, b.opts.TTL)
+		case join:
+			n = b.joined(name, cur, id, now)
+			if n.Op == opTake {
+				b.opts.Log.Debug("taking over expired leases", "lock", name, "holders", len(cur.Holders)-len(cur.live(now)))
 			}
 		}
+		n.Base = base
+		expires := n.holder(id).ExpiresAt
 		ok, err := b.insert(ctx, &n)
 		if err != nil {
 			return nil, err
 		}
-		if !ok {
-			continue // someone else's write landed first: read it
+		if ok {
+			docs, sent, err := b.chain(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			top := first(docs)
+			b.see(name, top, sent)
+			if counts(top, id, expires) {
+				b.collect(ctx, name, docs, now)
+				b.attempt.id = ""
+				b.mark.name = "" // dropped by our state (joined, renewed)
+				return &lease{b: b, name: name, id: id, token: top.holder(id).Token, last: *top}, nil
+			}
+			b.opts.Log.Debug("our write did not count", "lock", name, "seq", n.Seq)
+			cur = top
+		} else if cur, err = b.advance(ctx, name, cur); err != nil {
+			return nil, err // someone else's write landed first: decide on it
 		}
-		top, err := b.newest1(ctx, name)
-		if err != nil {
-			return nil, err
+		if round >= limit {
+			return nil, lock.ErrHeld
 		}
-		if b.counts(&n, top, id, expires) {
-			b.collect(ctx, &n)
-			b.attempt.id = ""
-			return &lease{b: b, name: name, id: id, token: n.holder(id).Token, last: n}, nil
-		}
-		b.opts.Log.Debug("our write did not count", "lock", name, "seq", n.Seq)
 	}
-	return nil, lock.ErrHeld
+}
+
+// signal writes this client's writer-waiting mark after cur. Losing the
+// race for the _id is no failure: the next poll decides again.
+func (b *backend) signal(ctx context.Context, name string, cur *state, id string, now time.Time, base int64) error {
+	n := b.marked(name, cur, id, now)
+	n.Base = base
+	sent := time.Now()
+	ok, err := b.insert(ctx, &n)
+	if err != nil {
+		return err
+	}
+	if ok {
+		b.opts.Log.Debug("marked an exclusive waiter", "lock", name, "until", n.Writer.Until)
+		b.mark.name, b.mark.id = name, id
+		b.see(name, &n, sent)
+	}
+	return nil
+}
+
+// first is the first of docs, or nil.
+func first(docs []state) *state {
+	if len(docs) == 0 {
+		return nil
+	}
+	return &docs[0]
 }
 
 // acquireTimeout bounds one TryAcquire. Its caller counts the lease from
@@ -592,123 +524,180 @@ type lease struct {
 	name  string
 	id    string // our holder id
 	token int64
-	last  state // the newest state we wrote and saw count
+	last  state // the newest state we know that lists us: we write after it
 }
 
 func (l *lease) Token() int64 { return l.token }
 
-// lost is the loss error for newest state top, which does not list us.
-func (l *lease) lost(top *state) error {
-	switch {
-	case top == nil:
-		return lock.Errorf(lock.ErrLost, "the lock %q has no documents in %s.%s any more (deleted or dropped)", l.name, l.b.dbName, Collection)
-	case len(top.Holders) > 0:
-		o := top.Holders[0]
-		return lock.Errorf(lock.ErrLost, "the lease ran out and %s (pid %d) took the lock over", o.Host, o.PID)
-	}
-	return lock.Errorf(lock.ErrLost, "the lock was released by someone else (%s)", top.Op)
-}
-
-// Keep renews the lease for another TTL from the server's now. It writes
-// the state after the last one it wrote without reading first: if that
-// _id is taken, someone wrote after us and a read says whether we still
-// hold. Our entry need not be live: if nobody wrote a state after ours,
-// nobody took the lock over.
+// Keep renews the lease for another TTL from the server's now. An
+// exclusive holder writes the state after its last one without reading
+// first: that is the newest unless the lock was taken from it. A shared or
+// semaphore holder, whose peers write too, first reads the states written
+// since by _id, as a poll does. If the _id is taken, it reads on from
+// there and writes after the newest. Our entry need not be live: if nobody
+// wrote a state without it, nobody took the lock over.
 func (l *lease) Keep(ctx context.Context) error {
 	return l.extend(ctx, opRenew, l.b.opts.TTL)
 }
 
 // extend writes a state in which our lease ends ttl after the server's now,
-// and reads the newest two states back: it counts if they are that state
-// and the one it follows (else the documents were deleted under us, and the
-// insert started a chain of its own).
+// and reads the chain back (see the package doc).
 func (l *lease) extend(ctx context.Context, op string, ttl time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
 	defer cancel()
-	var now time.Time
-	for range rounds {
-		var err error
-		if now.IsZero() {
-			if now, err = l.b.serverTime(ctx); err != nil {
-				return err
-			}
+	if l.b.opts.Mode != lock.Exclusive {
+		// The other holders write too: read what they wrote since our last
+		// state rather than lose the race for its successor's _id (on
+		// FerretDB, a failed insert waits for SQLite's write lock as a
+		// successful one does).
+		if err := l.catchUp(ctx); err != nil {
+			return err
 		}
-		h := *l.last.holder(l.id)
-		h.ExpiresAt = msAfter(now, ttl)
-		n := l.last.next(l.name, op, now, l.last.with(l.id, h, now))
+	}
+	// Read after the state we write after (see TryAcquire).
+	now, err := l.b.serverTime(ctx)
+	if err != nil {
+		return err
+	}
+	base := l.last.Seq
+	limit := rounds + len(l.last.Holders)
+	for round := 1; ; round++ {
+		n := l.last.renewed(l.name, op, l.id, now, ttl)
+		n.Base = base
+		expires := n.holder(l.id).ExpiresAt
 		ok, err := l.b.insert(ctx, &n)
 		if err != nil {
 			return err
 		}
 		if !ok {
-			if err := l.follow(ctx); err != nil {
+			if err := l.catchUp(ctx); err != nil {
 				return err
 			}
-			continue
+		} else {
+			docs, _, err := l.b.chain(ctx, l.name)
+			if err != nil {
+				return err
+			}
+			top := first(docs)
+			switch {
+			case top == nil:
+				return l.lost(nil)
+			case counts(top, l.id, expires):
+				if docs[len(docs)-1].Seq == n.Seq {
+					// Our insert began a chain of its own: end it, so that
+					// the next client need not wait for this lease to run
+					// out.
+					free := top.released(l.name, opRelease, l.id)
+					l.b.insert(ctx, &free)
+					return lock.Errorf(lock.ErrLost, "the documents of the lock %q in %s.%s were deleted (or dropped)", l.name, l.b.dbName, Collection)
+				}
+				l.last = *top
+				l.b.collect(ctx, l.name, docs, now)
+				return nil
+			case top.holder(l.id) == nil:
+				return l.lost(l.why(docs))
+			}
+			// Our insert landed on a deleted _id, below the newest state,
+			// which still lists us: write after that one.
+			l.last = *top
 		}
-		top, err := l.b.newest(ctx, l.name, 2)
-		if err != nil {
-			return err
+		if round >= limit {
+			return lock.Errorf(lock.ErrUnavailable, "mongodb at %s: %d writes to the lock %q in a row lost the race to others", l.b.addr, round, l.name)
 		}
-		switch {
-		case len(top) == 2 && l.b.counts(&n, &top[0], l.id, h.ExpiresAt) && top[0].Seq == n.Seq &&
-			top[1].Seq == l.last.Seq && top[1].holder(l.id) != nil:
-			l.last = n
-			l.b.collect(ctx, &n)
-			return nil
-		case len(top) > 0 && top[0].Seq == n.Seq:
-			// Our insert began a chain of its own: end it, so that the
-			// next client need not wait for this lease to run out.
-			free := n.next(l.name, opRelease, time.Time{}, n.without(l.id))
-			l.b.insert(ctx, &free)
-			return lock.Errorf(lock.ErrLost, "the documents of the lock %q in %s.%s were deleted (or dropped)", l.name, l.b.dbName, Collection)
-		case len(top) == 0:
-			return l.lost(nil)
-		}
-		return l.lost(&top[0])
 	}
-	return lock.Errorf(lock.ErrUnavailable, "mongodb at %s: %d writes to the lock %q in a row lost the race to others", l.b.addr, rounds, l.name)
 }
 
-// follow reads the newest state after our write lost the race for its _id:
-// an error wrapping ErrLost unless it still lists us (our own earlier write,
-// whose answer was lost), which then becomes the state to write after.
-func (l *lease) follow(ctx context.Context) error {
-	top, err := l.b.newest1(ctx, l.name)
+// catchUp makes the newest state the one to write after, once our write
+// lost the race for its _id: read by _id from our last state on (advance),
+// if it still lists us (another holder's write, or our own earlier one
+// whose answer was lost); else the whole chain says whether we are gone
+// (follow).
+func (l *lease) catchUp(ctx context.Context) error {
+	s, err := l.b.advance(ctx, l.name, &l.last)
 	if err != nil {
 		return err
 	}
+	if s.holder(l.id) == nil {
+		return l.follow(ctx)
+	}
+	l.last = *s
+	return nil
+}
+
+// follow reads the chain: an error wrapping ErrLost unless the newest state
+// still lists us, which then becomes the state to write after.
+func (l *lease) follow(ctx context.Context) error {
+	docs, _, err := l.b.chain(ctx, l.name)
+	if err != nil {
+		return err
+	}
+	top := first(docs)
 	if top.holder(l.id) == nil {
+		if top != nil {
+			top = l.why(docs)
+		}
 		return l.lost(top)
 	}
 	l.last = *top
 	return nil
 }
 
-// Release writes a state without our entry after the last one we wrote. No
-// check follows: a stale insert means that the lock was not ours anyway,
-// and it misleads no reader.
+// why is the state that dropped us: the first of docs (newest first) after
+// our last state without our entry; the newest if none is left.
+func (l *lease) why(docs []state) *state {
+	for i := len(docs) - 1; i >= 0; i-- {
+		if docs[i].Seq > l.last.Seq && docs[i].holder(l.id) == nil {
+			return &docs[i]
+		}
+	}
+	return &docs[0]
+}
+
+// lost is the loss error for state s, the one that does not list us.
+func (l *lease) lost(s *state) error {
+	switch {
+	case s == nil:
+		return lock.Errorf(lock.ErrLost, "the lock %q has no documents in %s.%s any more (deleted or dropped)", l.name, l.b.dbName, Collection)
+	case s.Op == opBreak && s.By != nil:
+		return lock.Errorf(lock.ErrLost, "the lock was broken by withlock release --force on %s (pid %d)", s.By.Host, s.By.PID)
+	case len(s.Holders) > 0:
+		o := s.Holders[len(s.Holders)-1]
+		return lock.Errorf(lock.ErrLost, "the lease ran out and %s (pid %d) took the lock over", o.Host, o.PID)
+	}
+	return lock.Errorf(lock.ErrLost, "the lock was released by someone else (%s)", s.Op)
+}
+
+// Release writes a state without our entry after the newest one, found as
+// Keep finds it. No check follows: a late insert means that the lock was
+// not ours anyway, and it misleads no reader.
 func (l *lease) Release(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
 	defer cancel()
-	for range rounds {
-		n := l.last.next(l.name, opRelease, time.Time{}, l.last.without(l.id))
-		ok, err := l.b.insert(ctx, &n)
-		if err != nil {
-			return err
+	notOurs := func(err error) error {
+		if errors.Is(err, lock.ErrLost) {
+			return fmt.Errorf("mongodb: the lock was no longer ours at release: %w", err)
 		}
-		if ok {
-			l.b.collect(ctx, &n)
-			return nil
-		}
-		if err := l.follow(ctx); err != nil {
-			if errors.Is(err, lock.ErrLost) {
-				return fmt.Errorf("mongodb: the lock was no longer ours at release: %w", err)
-			}
-			return err
+		return err
+	}
+	if l.b.opts.Mode != lock.Exclusive {
+		if err := l.catchUp(ctx); err != nil { // as Keep does
+			return notOurs(err)
 		}
 	}
-	return lock.Errorf(lock.ErrUnavailable, "mongodb at %s: %d writes to the lock %q in a row lost the race to others", l.b.addr, rounds, l.name)
+	limit := rounds + len(l.last.Holders)
+	for round := 1; ; round++ {
+		n := l.last.released(l.name, opRelease, l.id)
+		ok, err := l.b.insert(ctx, &n)
+		if err != nil || ok {
+			return err
+		}
+		if err := l.catchUp(ctx); err != nil {
+			return notOurs(err)
+		}
+		if round >= limit {
+			return lock.Errorf(lock.ErrUnavailable, "mongodb at %s: %d writes to the lock %q in a row lost the race to others", l.b.addr, round, l.name)
+		}
+	}
 }
 
 // ReleaseAt lets the lease run out at until (as the time left, counted by

@@ -31,20 +31,29 @@ func locks(t *testing.T, url string) *mongo.Collection {
 
 // doc is one document of a lock's chain, as the tests read it.
 type doc struct {
-	ID      string    `bson:"_id"`
-	Name    string    `bson:"name"`
-	Seq     int64     `bson:"seq"`
-	Op      string    `bson:"op"`
-	At      time.Time `bson:"at"`
-	Holders []struct {
-		ID         string    `bson:"id"`
-		Token      int64     `bson:"token"`
-		Host       string    `bson:"host"`
-		PID        int       `bson:"pid"`
-		Command    []string  `bson:"command"`
-		AcquiredAt time.Time `bson:"acquiredAt"`
-		ExpiresAt  time.Time `bson:"expiresAt"`
-	} `bson:"holders"`
+	ID     string    `bson:"_id"`
+	Name   string    `bson:"name"`
+	Seq    int64     `bson:"seq"`
+	Op     string    `bson:"op"`
+	At     time.Time `bson:"at"`
+	Mode   string    `bson:"mode"`
+	Max    int       `bson:"max"`
+	Writer *struct {
+		ID    string    `bson:"id"`
+		Until time.Time `bson:"until"`
+	} `bson:"writer"`
+	Holders []holderDoc `bson:"holders"`
+}
+
+// holderDoc is one holder's entry in a doc.
+type holderDoc struct {
+	ID         string    `bson:"id"`
+	Token      int64     `bson:"token"`
+	Host       string    `bson:"host"`
+	PID        int       `bson:"pid"`
+	Command    []string  `bson:"command"`
+	AcquiredAt time.Time `bson:"acquiredAt"`
+	ExpiresAt  time.Time `bson:"expiresAt"`
 }
 
 // chain returns every document of name, oldest first.
@@ -65,6 +74,8 @@ func TestConformance(t *testing.T) {
 	m := testenv.RequireMongo(t)
 	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, m.URL, opts) }
 	locktest.Run(t, open, locktest.Options{})
+	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
+	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
 	locktest.RunLease(t, open,
 		func(t *testing.T, name string) {
 			// As an operator who deletes the lock's documents would.
@@ -188,10 +199,12 @@ func TestReleaseAt(t *testing.T) {
 }
 
 // Old documents are deleted: however often a name changes hands, it keeps
-// at most 2·keep+1 documents and its first one.
+// at most 2·keep+1 documents and its first one, once they are older than
+// spare (here 0; TestDocumentsSpared checks spare).
 func TestOldDocumentsDeleted(t *testing.T) {
 	m := testenv.RequireMongo(t)
 	b := locktest.Open(t, m.URL, lock.Options{TTL: 10 * time.Second})
+	mongodb.SetSpare(b, 0)
 	name := locktest.Name(t)
 	for range 5 * mongodb.Keep {
 		l, err := b.TryAcquire(locktest.Context(t), name)

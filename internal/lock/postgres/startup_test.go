@@ -202,7 +202,7 @@ func TestStartupCut(t *testing.T) {
 // (log_connections = on): every one costs the server a process.
 func connections(t *testing.T, p *testenv.Postgres) int {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(p.Dir, "postgres.log"))
+	b, err := os.ReadFile(filepath.Join(p.Dir, "server.out"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,167 @@
+package mongodb
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// Inspect returns name's newest state, with the holders whose lease has not
+// run out by the server's clock.
+func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) {
+	if err := b.connect(); err != nil {
+		return lock.State{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
+	cur, _, err := b.newest(ctx, name)
+	if err != nil {
+		return lock.State{}, err
+	}
+	now, err := b.serverTime(ctx)
+	if err != nil {
+		return lock.State{}, err
+	}
+	return stateOf(name, cur, now), nil
+}
+
+// List returns every name whose newest state has a live holder. It reads
+// the whole collection (on MongoDB as on FerretDB): the deletions keep it
+// to a few documents per name.
+func (b *backend) List(ctx context.Context) ([]lock.State, error) {
+	if err := b.connect(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
+	cur, err := b.locks.Find(ctx, bson.D{})
+	if err != nil {
+		return nil, b.classify(ctx, err)
+	}
+	newest := map[string]state{}
+	for cur.Next(ctx) {
+		var s state
+		// Documents of other shapes (the lease documents of earlier
+		// versions, anyone's) are not states of a chain: skip them.
+		if err := cur.Decode(&s); err != nil || s.Name == "" || !strings.HasPrefix(s.ID, s.Name+"#") {
+			continue
+		}
+		if n, ok := newest[s.Name]; !ok || s.Seq > n.Seq {
+			newest[s.Name] = s
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return nil, b.classify(ctx, err)
+	}
+	cur.Close(ctx)
+	now, err := b.serverTime(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var held []lock.State
+	for name, s := range newest {
+		if st := stateOf(name, &s, now); len(st.Holders) > 0 {
+			held = append(held, st)
+		}
+	}
+	slices.SortFunc(held, func(a, b lock.State) int { return strings.Compare(a.Name, b.Name) })
+	return held, nil
+}
+
+// stateOf is name's state s (nil: none) as status shows it at the server's
+// time now: the live holders, oldest first.
+func stateOf(name string, s *state, now time.Time) lock.State {
+	st := lock.State{Name: name}
+	live := s.live(now)
+	if len(live) == 0 {
+		return st
+	}
+	st.Mode = s.mode()
+	if st.Mode == lock.Semaphore {
+		st.MaxHolders = s.Max
+	}
+	slices.SortStableFunc(live, func(a, b holder) int { return a.AcquiredAt.Compare(b.AcquiredAt) })
+	for _, h := range live {
+		st.Holders = append(st.Holders, holderOf(h))
+	}
+	return st
+}
+
+func holderOf(h holder) lock.Holder {
+	return lock.Holder{Host: h.Host, PID: h.PID, Command: h.Command, AcquiredAt: h.AcquiredAt, ExpiresAt: h.ExpiresAt, Token: h.Token}
+}
+
+// Break writes a state without holders after the newest, as any change:
+// the holders' next renewals find themselves gone (ErrLost), and the next
+// acquisition's token is larger still. A waiting writer's mark stays. It
+// returns once the newest state, read back, lists none of those it broke.
+func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error) {
+	if err := b.connect(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
+	cur, _, err := b.newest(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	// Read after the state decided on (see TryAcquire).
+	now, err := b.serverTime(ctx)
+	if err != nil {
+		return nil, err
+	}
+	base := cur.seq()
+	var broken []holder
+	limit := rounds + cur.size()
+	for round := 1; ; round++ {
+		live := cur.live(now)
+		if len(live) == 0 {
+			break
+		}
+		n := cur.after(name, opBreak, now)
+		n.Base = base
+		n.Writer = cur.writer(now)
+		n.By = &mark{Host: b.opts.Holder.Host, PID: b.opts.Holder.PID}
+		ok, err := b.insert(ctx, &n)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			if cur, err = b.advance(ctx, name, cur); err != nil {
+				return nil, err
+			}
+		} else {
+			for _, h := range live {
+				if !slices.ContainsFunc(broken, func(o holder) bool { return o.ID == h.ID && o.Token == h.Token }) {
+					broken = append(broken, h)
+				}
+			}
+			// A write that landed late, on a deleted _id, broke nothing:
+			// then the newest state still lists them.
+			if cur, _, err = b.newest(ctx, name); err != nil {
+				return nil, err
+			}
+			if !slices.ContainsFunc(broken, func(h holder) bool {
+				o := cur.holder(h.ID)
+				return o != nil && o.Token == h.Token
+			}) {
+				break
+			}
+		}
+		if round >= limit {
+			return nil, lock.Errorf(lock.ErrHeld, "mongodb at %s: %d writes to the lock %q in a row lost the race to its holders", b.addr, round, name)
+		}
+	}
+	// Oldest first, as status shows them.
+	slices.SortStableFunc(broken, func(a, b holder) int { return a.AcquiredAt.Compare(b.AcquiredAt) })
+	var hs []lock.Holder
+	for _, h := range broken {
+		hs = append(hs, holderOf(h))
+	}
+	return hs, nil
+}

@@ -1,0 +1,334 @@
+// Package testenv starts the real servers withlock's tests run against, on
+// loopback, each in a temporary directory of its own: PostgreSQL (and PgBouncer
+// and hot standbys in front of or behind it), redis-server, a MongoDB-wire
+// server (FerretDB, built from internal/testenv/ferretdb), and the npm package
+// advisory-lock. No mocks.
+//
+// Every server is a child of the test process, started with a parent-death
+// signal (SIGKILL): a test binary that crashes, or is killed, leaves no server
+// running. Its directory is removed by Close, or, after a crash, by the next
+// test process that starts a server.
+//
+// Tests call the Require functions, which decide in one place whether a missing
+// program skips the test (a developer's machine) or fails it (CI=true), with
+// the apt-get command that installs it; scripts/test-deps installs them all.
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// InCI reports whether the tests run under CI, where a missing program must
+// fail tests instead of skipping them: $CI set to anything but a false value.
+func InCI() bool {
+	v := os.Getenv("CI")
+	b, err := strconv.ParseBool(v)
+	return v != "" && (err != nil || b)
+}
+
+// require returns v, closed when t ends, or ends t: skipped if err is
+// missing (a program not installed) outside CI, failed otherwise.
+func require[S interface{ Close() error }](t testing.TB, s S, err, missing error) S {
+	t.Helper()
+	if errors.Is(err, missing) && !InCI() {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("%v", err)
+		}
+	})
+	return s
+}
+
+// proc is one server process in a directory of its own, Dir, which Close
+// removes. Stop and Start restart it in place; Pause and Resume freeze it.
+type proc struct {
+	Dir string
+
+	mu      sync.Mutex
+	command func() *exec.Cmd // the server's command line, made anew at each start
+	ready   func() error     // nil once the server answers
+	stopSig syscall.Signal   // asks the server to shut down, keeping its data
+	quitSig syscall.Signal   // asks it to quit at once, before Close kills it; 0: none
+	cmd     *exec.Cmd        // nil when stopped
+	exited  chan struct{}
+	closed  bool
+	asUser  *syscall.Credential // the OS user the server runs as; nil: ours
+}
+
+// newProc makes the directory of a server of the given kind. Directories are
+// named after the test process's pid, so that the first server a test process
+// starts can remove those of test processes that died without their Close.
+func newProc(base, kind string, asUser *syscall.Credential) (*proc, error) {
+	stale, _ := filepath.Glob(filepath.Join(base, "withlock-srv-*"))
+	for _, dir := range stale {
+		pid, err := strconv.Atoi(strings.Split(filepath.Base(dir), "-")[2])
+		if err == nil && syscall.Kill(pid, 0) == syscall.ESRCH {
+			os.RemoveAll(dir)
+		}
+	}
+	dir, err := os.MkdirTemp(base, fmt.Sprintf("withlock-srv-%d-%s-", os.Getpid(), kind))
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
+	}
+	if asUser != nil {
+		os.Chown(dir, int(asUser.Uid), int(asUser.Gid))
+	}
+	return &proc{Dir: dir, stopSig: syscall.SIGTERM, asUser: asUser}, nil
+}
+
+// spawner starts every server from one OS thread that lives as long as the
+// test process: a parent-death signal fires when the thread that forked the
+// child ends, not the process.
+var spawner = sync.OnceValue(func() chan func() {
+	c := make(chan func())
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread never ends
+		for f := range c {
+			f()
+		}
+	}()
+	return c
+})
+
+// start starts the server and waits until it is ready, for at most a
+// minute; its output goes to Dir/server.out. It fails with errPortInUse
+// when the server could not bind its port.
+func (p *proc) start() error {
+	if p.closed || p.cmd != nil {
+		return errors.New("testenv: start: server closed or running")
+	}
+	out, err := os.OpenFile(filepath.Join(p.Dir, "server.out"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	defer out.Close()
+	offset, _ := out.Seek(0, 2)
+	cmd := p.command()
+	cmd.Dir, cmd.Stdout, cmd.Stderr = p.Dir, out, out
+	// Its own process group, so that Ctrl-C reaches only the test process.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: p.asUser}
+	done := make(chan error)
+	spawner() <- func() { done <- cmd.Start() }
+	if err := <-done; err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	p.cmd, p.exited = cmd, exited
+	for deadline := time.Now().Add(time.Minute); ; {
+		err := p.ready()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			err = fmt.Errorf("exited (%v)", cmd.ProcessState)
+		case <-time.After(5 * time.Millisecond):
+			if time.Now().Before(deadline) {
+				continue
+			}
+			p.kill()
+		}
+		p.cmd = nil
+		log, _ := os.ReadFile(out.Name())
+		tail := string(log[min(offset, int64(len(log))):])
+		err = fmt.Errorf("testenv: %s not ready: %v; its output:\n%s", filepath.Base(cmd.Path), err, tail)
+		if strings.Contains(tail, "already in use") {
+			err = errors.Join(errPortInUse, err)
+		}
+		return err
+	}
+}
+
+var errPortInUse = errors.New("port in use")
+
+// startOnFreePort starts the server on a free port (set by setPort), trying
+// another if someone took it between our probe and the server's bind.
+func (p *proc) startOnFreePort(setPort func(int)) error {
+	for attempt := 0; ; attempt++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fmt.Errorf("testenv: %w", err)
+		}
+		setPort(l.Addr().(*net.TCPAddr).Port)
+		l.Close()
+		if err = p.start(); err == nil || attempt == 4 || !errors.Is(err, errPortInUse) {
+			return err
+		}
+	}
+}
+
+// kill kills the server and waits for it; SIGKILL works on a frozen one too.
+func (p *proc) kill() {
+	if p.cmd != nil {
+		p.cmd.Process.Kill()
+		<-p.exited
+		p.cmd = nil
+	}
+}
+
+// Stop shuts the server down, keeping its data and port: Start brings it
+// back. A server still running a minute later is killed.
+func (p *proc) Stop() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return errors.New("testenv: Stop: server not running")
+	}
+	p.cmd.Process.Signal(p.stopSig)
+	p.cmd.Process.Signal(syscall.SIGCONT)
+	select {
+	case <-p.exited:
+		p.cmd = nil
+		return nil
+	case <-time.After(time.Minute):
+		p.kill()
+		return errors.New("testenv: server did not stop within a minute; killed")
+	}
+}
+
+// Start starts the server again after Stop, on the same port with the same
+// data.
+func (p *proc) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.start()
+}
+
+// Pause freezes the server (SIGSTOP): connections stay open and requests go
+// unanswered, as with a hung server or a partition, until Resume. It
+// returns once every thread has stopped: kill(2) returns before the threads
+// running on another CPU stop.
+func (p *proc) Pause() error {
+	pid, err := p.signal(syscall.SIGSTOP)
+	for deadline := time.Now().Add(10 * time.Second); err == nil && !allStopped(pid); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testenv: server %d still running 10s after SIGSTOP", pid)
+		}
+	}
+	return err
+}
+
+// allStopped says whether /proc shows every thread of pid stopped (state T).
+func allStopped(pid int) bool {
+	stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	for _, f := range stats {
+		b, _ := os.ReadFile(f)
+		// "pid (comm) S ...": the state follows the last ')'.
+		if i := strings.LastIndexByte(string(b), ')'); i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return len(stats) > 0
+}
+
+// Resume continues a server frozen by Pause.
+func (p *proc) Resume() error {
+	_, err := p.signal(syscall.SIGCONT)
+	return err
+}
+
+func (p *proc) signal(sig syscall.Signal) (pid int, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0, errors.New("testenv: server not running")
+	}
+	return p.cmd.Process.Pid, p.cmd.Process.Signal(sig)
+}
+
+// PID is the server's process id, 0 while it is stopped (for benchmarks
+// that read what it spends in /proc/PID/stat).
+func (p *proc) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// Close kills the server and removes its directory. It is safe to call
+// twice, and after Stop or Pause.
+func (p *proc) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil && p.quitSig != 0 {
+		p.cmd.Process.Signal(p.quitSig)
+		p.cmd.Process.Signal(syscall.SIGCONT)
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	p.kill()
+	p.closed = true
+	if err := os.RemoveAll(p.Dir); err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	return nil
+}
+
+// findProgram looks name up in PATH, then in dirs (globs, the newest
+// version first when they sort by version); "" if it is nowhere.
+func findProgram(name string, dirs ...string) string {
+	if path, err := exec.LookPath(name); err == nil {
+		return path
+	}
+	for _, pattern := range dirs {
+		matches, _ := filepath.Glob(filepath.Join(pattern, name))
+		for i := len(matches) - 1; i >= 0; i-- {
+			if fi, err := os.Stat(matches[i]); err == nil && fi.Mode()&0o111 != 0 {
+				return matches[i]
+			}
+		}
+	}
+	return ""
+}
+
+// moduleDir finds a directory of this package's source tree (ferretdb, npm),
+// next to this file or, in binaries built with -trimpath, below the module
+// root above the working directory.
+func moduleDir(name string) (string, error) {
+	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
+		return filepath.Join(filepath.Dir(file), name), nil
+	}
+	wd, _ := os.Getwd()
+	for d := wd; d != filepath.Dir(d); d = filepath.Dir(d) {
+		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/withlock/withlock\n") {
+			return filepath.Join(d, "internal", "testenv", name), nil
+		}
+	}
+	return "", fmt.Errorf("testenv: internal/testenv/%s not found above %s", name, wd)
+}
+
+// lockFile takes an exclusive flock on name (created if missing), so that
+// test processes that run at once build or install a thing once.
+func lockFile(name string) (unlock func(), err error) {
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("testenv: flock %s: %w", name, err)
+	}
+	return func() { f.Close() }, nil
+}
