@@ -130,22 +130,26 @@ var binDir string
 
 func TestScripts(t *testing.T) {
 	binDir = buildWithlock(t)
-	pg := testenv.RequirePostgres(t)
-	npmDir := testenv.RequireNPM(t)
-	testenv.RequireRedis(t).Close() // fail or skip early if one is missing
-	testenv.RequireMongo(t).Close()
-	testenv.RequireEtcd(t).Close()
 	var dbs atomic.Int64
+	// Each backend's scripts need only its own server: its require starts
+	// what they share, or skips (fails under CI) their subtest alone.
+	none := func(*testing.T) {}
+	var pg *testenv.Postgres
+	var npmDir string
 	backends := []struct {
-		name string
+		name    string
+		require func(t *testing.T)
 		// db returns the URL of a lock space of the script's own, and the
 		// script's own server if it has one.
 		db func(e *testscript.Env) (string, server, error)
 	}{
-		{"file", func(e *testscript.Env) (string, server, error) {
+		{"file", none, func(e *testscript.Env) (string, server, error) {
 			return "file://" + filepath.Join(e.WorkDir, "locks"), nil, nil
 		}},
-		{"postgres", func(e *testscript.Env) (string, server, error) {
+		{"postgres", func(t *testing.T) {
+			pg, npmDir = testenv.RequirePostgres(t), testenv.RequireNPM(t)
+		}, func(e *testscript.Env) (string, server, error) {
+			e.Setenv("NPMDIR", npmDir) // the npm package advisory-lock, installed
 			e.Setenv("PGHOSTPORT", fmt.Sprintf("127.0.0.1:%d", pg.Port))
 			e.Setenv("CLOSED", "postgres://u:hunter22@127.0.0.1:1/db")
 			// Advisory locks are per database: a database per script keeps
@@ -154,7 +158,7 @@ func TestScripts(t *testing.T) {
 			db, err := pg.CreateDatabase(fmt.Sprintf("script%d", dbs.Add(1)))
 			return db, nil, err
 		}},
-		{"mongodb", func(e *testscript.Env) (string, server, error) {
+		{"mongodb", func(t *testing.T) { testenv.RequireMongo(t) }, func(e *testscript.Env) (string, server, error) {
 			m, err := testenv.StartMongo() // ~15ms: one per script
 			if err != nil {
 				return "", nil, err
@@ -162,7 +166,7 @@ func TestScripts(t *testing.T) {
 			e.Setenv("CLOSED", "mongodb://u:hunter22@127.0.0.1:1/")
 			return m.URL, m, nil
 		}},
-		{"redis", func(e *testscript.Env) (string, server, error) {
+		{"redis", func(t *testing.T) { testenv.RequireRedis(t) }, func(e *testscript.Env) (string, server, error) {
 			// ~15ms: one per script. With a password, so that every script
 			// also checks that it never shows.
 			r, err := testenv.StartRedisWithPassword("s3cret-pw")
@@ -172,7 +176,7 @@ func TestScripts(t *testing.T) {
 			e.Setenv("CLOSED", "redis://:hunter22@127.0.0.1:1/0")
 			return r.URL, r, nil
 		}},
-		{"etcd", func(e *testscript.Env) (string, server, error) {
+		{"etcd", func(t *testing.T) { testenv.RequireEtcd(t) }, func(e *testscript.Env) (string, server, error) {
 			s, err := testenv.StartEtcd() // ~200ms: one per script
 			if err != nil {
 				return "", nil, err
@@ -198,10 +202,10 @@ func TestScripts(t *testing.T) {
 			e.Values[stateKey{}].(*scriptState).server = srv
 			e.Setenv("DB", db)
 			e.Setenv("BACKEND", b.name)
-			e.Setenv("NPMDIR", npmDir) // the npm package advisory-lock, installed
 			return nil
 		}
 		t.Run(b.name, func(t *testing.T) {
+			b.require(t)
 			t.Run("all", func(t *testing.T) { testscript.Run(t, params("testdata/script/all", b.name, setup)) })
 			if leaseBackends[b.name] {
 				t.Run("lease", func(t *testing.T) { testscript.Run(t, params("testdata/script/lease", b.name, setup)) })
