@@ -182,11 +182,11 @@ func clientHost(addr string) string {
 // state is name's State from its held slots and what is known of their
 // holders.
 func state(name string, held map[int]int64, who map[int64]holder) lock.State {
-	st := lock.State{Name: name, Key: Key(name)}
+	st := lock.State{Name: name}
 	if len(held) == 0 {
 		return st
 	}
-	st.Mode = lock.Exclusive
+	st.Key, st.Mode = Key(name), lock.Exclusive
 	for _, i := range slices.Sorted(maps.Keys(held)) {
 		h := who[held[i]]
 		if h.id == 0 {
