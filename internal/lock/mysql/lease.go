@@ -31,7 +31,7 @@ func (l *lease) Keep(ctx context.Context) error {
 	var readOnly bool
 	err := l.b.queryRow(ctx, keepSQL, []any{l.key}, &held, &readOnly)
 	switch {
-	case err != nil && ctx.Err() != nil:
+	case err != nil && expired(ctx):
 		// Out of time: the caller decides what an unanswered check means.
 		return l.b.failed(ctx, err)
 	case err != nil:

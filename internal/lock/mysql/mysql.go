@@ -407,7 +407,7 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	l, ok, err := b.take(ctx, name, 0)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("mysql: acquire %q: %w", name, err)
+		return nil, err
 	case !ok:
 		return nil, lock.ErrHeld
 	}
@@ -451,7 +451,7 @@ func (x exclusive) Acquire(ctx context.Context, name string) (lock.Lease, error)
 		b.drop()
 		return nil, fmt.Errorf("mysql: wait for %q: %w", name, context.Cause(ctx))
 	case err != nil:
-		return nil, fmt.Errorf("mysql: wait for %q: %w", name, err)
+		return nil, err
 	case !ok:
 		return nil, lock.ErrHeld
 	}
@@ -522,7 +522,7 @@ func (b *backend) queryRow(ctx context.Context, query string, args []any, dest .
 // connection that broke is dropped so that the next attempt reconnects.
 func (b *backend) failed(ctx context.Context, err error) error {
 	kind, why := sortError(err)
-	if kind == lock.ErrUnavailable && ctx.Err() != nil {
+	if kind == lock.ErrUnavailable && expired(ctx) {
 		// The socket was cut at ctx's end (the driver says only that the
 		// connection is invalid): time ran out, which says nothing about
 		// the server.
@@ -591,6 +591,13 @@ func sortError(err error) (kind error, why string) {
 		return lock.ErrUnavailable, "connection closed"
 	}
 	return lock.ErrUnavailable, lock.Reason(err)
+}
+
+// expired reports whether ctx is done or its deadline has passed: a
+// socket's deadline can fire a moment before ctx's timer.
+func expired(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && !time.Now().Before(d)
 }
 
 func isEOF(err error) bool {

@@ -91,7 +91,7 @@ func (b *backend) auxFailed(ctx context.Context, err error) error {
 		}
 	}
 	kind, why := sortError(err)
-	if kind == lock.ErrUnavailable && ctx.Err() != nil {
+	if kind == lock.ErrUnavailable && expired(ctx) {
 		why = "timed out"
 	}
 	return b.errorAt(kind, why)
