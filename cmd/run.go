@@ -57,9 +57,10 @@ func newRunCmd(env *environment, use string) *cobra.Command {
 across every host, pod and cron daemon at most one copy of it runs at a time.
 
 The backend is a URL: --db, else $WITHLOCK_DB, else $PG_CONNECTION_STRING.
-Schemes: postgres://, postgresql://, redis://, rediss://, mongodb://,
-mongodb+srv://, file:///DIR (etcd and mysql are planned). Everything after
-"--" is the command, passed on verbatim. On lease backends (Redis, MongoDB)
+Schemes: postgres://, postgresql://, mysql:// (MySQL and MariaDB: GET_LOCK,
+interoperable with the mysql client's), redis://, rediss://, mongodb://,
+mongodb+srv://, file:///DIR (etcd is planned). Everything after "--" is
+the command, passed on verbatim. On lease backends (Redis, MongoDB)
 the command gets WITHLOCK_TOKEN, a fencing token.
 
 Exit status: the command's; 64 usage; 69 backend unavailable; 70 lock lost
