@@ -489,7 +489,6 @@ func TestOpen(t *testing.T) {
 		// The SPEC's schemes without a backend yet; drop each as its
 		// backend lands.
 		{"etcd://x:2379", lock.ErrNotSupported},
-		{"mysql://u:hunter2@x/db", lock.ErrNotSupported},
 	} {
 		_, err := lock.Open(tc.url, lock.Options{})
 		if !errors.Is(err, tc.kind) {
