@@ -91,6 +91,21 @@ func run() error {
 		return err
 	}
 	defer mg.Close()
+	md, err := testenv.StartMariaDB()
+	if err != nil {
+		return err
+	}
+	defer md.Close()
+	// The mysql client's GET_LOCK, the floor of the mysql backend; its
+	// password from the environment, as withlock's from the URL.
+	os.Setenv("MYSQL_PWD", testenv.MariaDBPassword)
+	mysqlClient := func(sql ...string) []string {
+		argv := []string{"mysql", "-h", "127.0.0.1", "-P", strconv.Itoa(md.Port), "-u", testenv.MariaDBUser, "-N", "-B"}
+		for _, q := range sql {
+			argv = append(argv, "-e", q)
+		}
+		return argv
+	}
 	npmDir, err := testenv.NPMDir()
 	if err != nil {
 		return err
@@ -105,6 +120,7 @@ func run() error {
 		{"postgres", pg.URL},
 		{"redis", rd.URL},
 		{"mongodb", mg.URL},
+		{"mysql", md.URL},
 	}
 	flockFile := filepath.Join(work, "flock.lock")
 
@@ -119,6 +135,7 @@ func run() error {
 	}
 	over = append(over,
 		contender{"psql floor", []string{psql, pg.URL, "-c", "select pg_advisory_lock(1); select pg_advisory_unlock(1)"}},
+		contender{"mysql client floor", mysqlClient("SELECT GET_LOCK('bench', 0); SELECT RELEASE_LOCK('bench')")},
 		contender{"npm withlock (postgres)", []string{npmWithlock, "bench", "--db", pg.URL, "--", "true"}},
 	)
 	stats, err := hyperfine(work, over)
@@ -134,7 +151,8 @@ func run() error {
 		fmt.Printf("| %s | %s | %s | %.2f× | %.2f× |\n", c.name, ms(s.median), ms(s.p90), s.median/flockMed, s.median/psqlMed)
 	}
 	npm, wpg := stats["npm withlock (postgres)"].median, stats["withlock postgres"].median
-	fmt.Printf("\nnpm withlock ÷ withlock postgres: %.1f×\n\n", npm/wpg)
+	fmt.Printf("\nnpm withlock ÷ withlock postgres: %.1f×\n", npm/wpg)
+	fmt.Printf("withlock mysql ÷ mysql client floor: %.2f×\n\n", stats["withlock mysql"].median/stats["mysql client floor"].median)
 
 	// Hand-off: the holder's command exits -> the waiter's command starts.
 	fmt.Printf("## Hand-off: holder's command exits → waiter's command starts (%d trials)\n\n", handoffTrials)
@@ -158,6 +176,22 @@ func run() error {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 	}
+	// The mysql client holding GET_LOCK around the same commands.
+	order = append(order, "mysql client")
+	// The client ends a "system" command at the first ';': the command goes
+	// in a file.
+	scripts := 0
+	script := func(cmd string) string {
+		scripts++
+		f := filepath.Join(work, fmt.Sprintf("mysql-client-%d.sh", scripts))
+		os.WriteFile(f, []byte(cmd+"\n"), 0o644)
+		return f
+	}
+	if hand["mysql client"], err = handoff(work, func(cmd string) []string {
+		return mysqlClient("SELECT GET_LOCK('handoff', 3600); system sh " + script(cmd) + "; SELECT RELEASE_LOCK('handoff')")
+	}); err != nil {
+		return fmt.Errorf("mysql client: %w", err)
+	}
 	for _, n := range order {
 		fmt.Printf("| %s | %s | %s | %.2f× |\n", n, ms(hand[n].median), ms(hand[n].p90), hand[n].median/hand["flock"].median)
 	}
@@ -179,6 +213,7 @@ func run() error {
 	}
 	conts = append(conts,
 		cont{"psql lock/command/unlock", acquisitions, []string{psql, "-q", pg.URL, "-c", "select pg_advisory_lock(7)", "-c", `\! ` + critical, "-c", "select pg_advisory_unlock(7)"}},
+		cont{"mysql client lock/command/unlock", acquisitions, mysqlClient("SELECT GET_LOCK('contention', 3600); system sh " + script(critical) + "; SELECT RELEASE_LOCK('contention')")},
 		cont{fmt.Sprintf("npm withlock (%d each)", npmAcquisition), npmAcquisition, []string{npmWithlock, "contention", "--db", pg.URL, "--", "sh", "-c", critical}},
 	)
 	for _, c := range conts {
