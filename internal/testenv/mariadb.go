@@ -49,6 +49,8 @@ type MariaDB struct {
 	// URL connects as MariaDBUser with its password:
 	// mysql://withlock:secret@127.0.0.1:PORT/withlock
 	URL string
+	// CertFile is the server's self-signed certificate (PEM) with TLS.
+	CertFile string
 
 	inst *mariaInstall
 	opts MariaDBOptions
@@ -63,6 +65,9 @@ type MariaDBOptions struct {
 	// performance_schema off, so that no session's attributes, user
 	// variables or metadata locks can be seen by others.
 	NoPerformanceSchema bool
+	// TLS gives the server a self-signed certificate for 127.0.0.1
+	// (CertFile), so that clients may use TLS; they need not.
+	TLS bool
 }
 
 // StartMariaDB starts a new server on a free port and returns it running. The
@@ -90,6 +95,18 @@ func StartMariaDBWith(o MariaDBOptions) (*MariaDB, error) {
 	if err := copyTree(tpl, m.Dir, inst); err != nil {
 		m.Close()
 		return nil, err
+	}
+	if o.TLS {
+		m.CertFile = filepath.Join(m.Dir, "cert.pem")
+		key := filepath.Join(m.Dir, "key.pem")
+		err := writeSelfSigned(m.CertFile, key)
+		if err == nil {
+			err = errors.Join(inst.chown(m.CertFile), inst.chown(key))
+		}
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
 	}
 	for attempt := 0; ; attempt++ {
 		if m.Port, err = freePort(); err != nil {
@@ -143,6 +160,9 @@ lc-messages = en_US
 
 func (m *MariaDB) start() error {
 	conf := fmt.Sprintf(mariaConf, m.Dir, m.Port)
+	if m.opts.TLS {
+		conf += fmt.Sprintf("ssl-cert = %s\nssl-key = %s\n", m.CertFile, filepath.Join(m.Dir, "key.pem"))
+	}
 	if m.opts.NoPerformanceSchema {
 		conf += "performance-schema = OFF\n"
 	} else {

@@ -243,6 +243,68 @@ func TestCancelledWaitLeavesNothing(t *testing.T) {
 	la.Release(locktest.Context(t))
 }
 
+// TestCancelAsGranted: a wait given up just as the holder lets go either
+// returns the lock, or leaves nothing behind: a lock granted to a
+// cancelled wait is released (its connection closed), never kept by a
+// client that gave up.
+func TestCancelAsGranted(t *testing.T) {
+	m := testenv.RequireMariaDB(t)
+	a := locktest.Open(t, m.URL, lock.Options{})
+	b := locktest.Open(t, m.URL, lock.Options{})
+	c := locktest.Open(t, m.URL, lock.Options{})
+	waiting := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
+	granted, cancelled := 0, 0
+	for i := range 20 {
+		la, err := a.TryAcquire(locktest.Context(t), "job")
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		ctx, cancel := context.WithCancel(locktest.Context(t))
+		done := make(chan result, 1)
+		go func() {
+			l, err := b.Backend.(lock.Waiter).Acquire(ctx, "job")
+			done <- result{l, err}
+		}()
+		for query(t, m.URL, waiting) != "1" {
+			time.Sleep(5 * time.Millisecond)
+		}
+		go la.Release(locktest.Context(t))
+		cancel()
+		r := <-done
+		if r.err == nil {
+			granted++
+			if _, err := c.TryAcquire(locktest.Context(t), "job"); !errors.Is(err, lock.ErrHeld) {
+				t.Fatalf("round %d: the wait returned the lock, but another client could take it: %v", i, err)
+			}
+			r.lease.Release(locktest.Context(t))
+		} else {
+			cancelled++
+		}
+		// Nothing is left: another client gets the lock within a second.
+		deadline := time.Now().Add(time.Second)
+		for {
+			lc, err := c.TryAcquire(locktest.Context(t), "job")
+			if err == nil {
+				lc.Release(locktest.Context(t))
+				break
+			}
+			if !errors.Is(err, lock.ErrHeld) || time.Now().After(deadline) {
+				t.Fatalf("round %d: a second after the wait was given up: %v", i, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := query(t, m.URL, waiting); got != "0" {
+			t.Fatalf("round %d: %s waits left in GET_LOCK", i, got)
+		}
+	}
+	t.Logf("of 20 waits given up as the lock was freed, %d returned it, %d did not", granted, cancelled)
+}
+
+type result struct {
+	lease lock.Lease
+	err   error
+}
+
 // TestBreakUnprivileged: release --force by a user that may not end the
 // holder's session is refused with the server's reason (ErrRefused, 69).
 func TestBreakUnprivileged(t *testing.T) {
@@ -361,6 +423,33 @@ func hold(t *testing.T, dbURL, key string) {
 	var got int
 	if err := conn.QueryRowContext(locktest.Context(t), "SELECT GET_LOCK(?, 0)", key).Scan(&got); err != nil || got != 1 {
 		t.Fatalf("GET_LOCK(%s): %d, %v", key, got, err)
+	}
+}
+
+// TestTLS: the conformance suite over TLS (tls=skip-verify: the server's
+// certificate is self-signed), where the lease watches the socket beneath
+// TLS; and tls=true refuses that certificate at once.
+func TestTLS(t *testing.T) {
+	m := testenv.RequireMariaDBWith(t, testenv.MariaDBOptions{TLS: true})
+	locktest.Run(t, opener(m.URL+"?tls=skip-verify"), locktest.Options{Session: true})
+	var cipher string
+	c := locktest.Open(t, m.URL+"?tls=skip-verify", lock.Options{})
+	l, err := c.TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cipher = query(t, m.URL, fmt.Sprintf(`SELECT VARIABLE_VALUE FROM performance_schema.status_by_thread s
+		JOIN performance_schema.threads t USING (THREAD_ID)
+		WHERE t.PROCESSLIST_ID = IS_USED_LOCK('%s') AND s.VARIABLE_NAME = 'Ssl_cipher'`, mysql.Key("job")))
+	if cipher == "" {
+		t.Errorf("the holder's session has no TLS cipher")
+	}
+	t.Logf("the holder's TLS cipher: %s", cipher)
+	l.Release(locktest.Context(t))
+
+	v := locktest.Open(t, m.URL+"?tls=true", lock.Options{})
+	if _, err := v.TryAcquire(locktest.Context(t), "job"); !errors.Is(err, lock.ErrRefused) {
+		t.Errorf("tls=true with a self-signed certificate: %v; want ErrRefused", err)
 	}
 }
 
