@@ -97,10 +97,9 @@ const (
 const cancelWait = time.Second
 
 type backend struct {
-	config *gomysql.Config
-	addr   string
-	opts   lock.Options
-	n      int // slots: 1 for an exclusive lock
+	addr string
+	opts lock.Options
+	n    int // slots: 1 for an exclusive lock
 
 	// db makes the lock's connections, one at a time (dialled records the
 	// socket of the last); aux makes the short ones of KILL QUERY, status
@@ -133,7 +132,7 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 		return nil, err
 	}
 	config.Timeout = min(maxDial, opts.ConnectTimeout)
-	b := &backend{config: config, addr: config.Addr, opts: opts, n: 1}
+	b := &backend{addr: config.Addr, opts: opts, n: 1}
 	if opts.Mode == lock.Semaphore {
 		b.n = opts.MaxHolders
 	}
