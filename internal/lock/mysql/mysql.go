@@ -10,6 +10,11 @@
 // first holder exclude each other. GET_LOCK has no shared mode: --shared
 // is refused.
 //
+// Waiters wait in the server, in GET_LOCK: an exclusive lock's for
+// waitSeconds at a time; a semaphore's tries every slot and then waits in
+// one of them, chosen at random, for slotWaitSeconds, since no server can
+// wait for any one of several locks.
+//
 // The session also carries what status shows: the connection attribute
 // program_name=withlock, and user variables, set by the statement that
 // locks, holding the holder's record (@withlock) and the server's time
@@ -28,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"strconv"
@@ -83,13 +89,20 @@ const MaxHolders = 1000
 // is retried (and reported) instead of hanging the whole wait.
 const maxDial = 5 * time.Second
 
-// waitSeconds is how long one server-side wait (Waiter.Acquire) lasts; a
-// wait that runs out is said to be ErrHeld, and Client.Acquire issues
-// another. The socket gives up waitSlack later: by then the server or the
-// network is gone.
+// waitSeconds is how long one server-side wait (Waiter.Acquire) for an
+// exclusive lock lasts; a wait that runs out is said to be ErrHeld, and
+// Client.Acquire issues another. The socket gives up waitSlack later: by
+// then the server or the network is gone.
+//
+// slotWaitSeconds is the same for a semaphore, whose waiter waits in one
+// slot only: a slot freed while nobody waits in it is found by the next
+// attempt, so this bounds the hand-off (SPEC §3: within a second). It is
+// whole seconds because MySQL reads GET_LOCK's timeout as an integer
+// (MariaDB would take 0.5).
 const (
-	waitSeconds = 30
-	waitSlack   = 10 * time.Second
+	waitSeconds     = 30
+	slotWaitSeconds = 1
+	waitSlack       = 10 * time.Second
 )
 
 // cancelWait bounds how long a cancelled wait waits for the server to act
@@ -113,12 +126,6 @@ type backend struct {
 	id      int64        // conn's CONNECTION_ID(), once known
 	holder  holderRecord // @withlock, but for the name
 }
-
-// exclusive is the backend of an exclusive lock, which can wait on the
-// server (lock.Waiter). A semaphore's is the bare backend: neither MySQL
-// nor MariaDB can wait for any one of several locks, so Client.Acquire
-// polls it, each attempt trying every slot in one round trip.
-type exclusive struct{ *backend }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	switch {
@@ -157,10 +164,7 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	if b.aux, err = openDB(auxConfig); err != nil {
 		return nil, err
 	}
-	if b.n > 1 {
-		return b, nil
-	}
-	return exclusive{b}, nil
+	return b, nil
 }
 
 // parseURL turns mysql://user:password@host[:port]/[database][?tls=...]
@@ -316,25 +320,26 @@ func (b *backend) Close() error {
 	return errors.Join(b.db.Close(), b.aux.Close())
 }
 
-// lockSQL takes the first free slot of keys, waiting up to the seconds of
-// the parameter that follows them for the last (the others: not at all),
+// lockSQL takes the first free slot of those in order (slot numbers; their
+// keys are its first parameters, in that order), waiting up to the seconds
+// of the parameter that follows them for the last (the others: not at all),
 // in the same statement that checks that the server is not read-only, so
 // that the check costs no round trip: a replica grants GET_LOCK, but only
 // on itself. read_only covers super_read_only (which sets it), and
 // innodb_read_only is how Aurora's readers say that they are readers.
-// Columns: the connection's id, read-only, the slot taken
+// Columns: the connection's id, read-only, the slot number taken
 // (NULL: read-only, nothing tried; -1: none free).
 //
 // The statement after it, in the same packet, sets the session's
 // wait_timeout to the ttl (SPEC §5: a silent holder's session ends) and
 // the holder's record; it runs after GET_LOCK returns, so @withlock_at is
 // when the lock was granted.
-func lockSQL(n int) string {
+func lockSQL(order []int) string {
 	var s strings.Builder
 	s.WriteString("SELECT CONNECTION_ID(), @@global.read_only OR @@global.innodb_read_only,\n")
 	s.WriteString("  CASE WHEN @@global.read_only OR @@global.innodb_read_only THEN NULL")
-	for i := range n {
-		if i == n-1 {
+	for j, i := range order {
+		if j == len(order)-1 {
 			fmt.Fprintf(&s, "\n  WHEN GET_LOCK(?, ?) THEN %d", i)
 		} else {
 			fmt.Fprintf(&s, "\n  WHEN GET_LOCK(?, 0) THEN %d", i)
@@ -349,14 +354,21 @@ func (b *backend) readOnly() error {
 	return lock.Errorf(lock.ErrRefused, "mysql at %s is read-only (read_only, super_read_only or innodb_read_only is on: a replica?), where a lock excludes nobody on the primary; point withlock at the primary", b.addr)
 }
 
-// take makes one attempt to take a slot, waiting up to wait seconds for
-// the last one.
-func (b *backend) take(ctx context.Context, name string, wait int) (*lease, bool, error) {
+// take makes one attempt to take a slot, trying them in order 0 to n-1,
+// except that slot last is tried last, and waited for up to wait seconds.
+func (b *backend) take(ctx context.Context, name string, wait, last int) (*lease, bool, error) {
 	if err := b.connect(ctx); err != nil {
 		return nil, false, err
 	}
-	args := make([]any, 0, b.n+4)
+	order := make([]int, 0, b.n)
 	for i := range b.n {
+		if i != last {
+			order = append(order, i)
+		}
+	}
+	order = append(order, last)
+	args := make([]any, 0, b.n+3)
+	for _, i := range order {
 		args = append(args, SlotKey(name, i))
 	}
 	args = append(args, wait, sessionTimeout(b.opts.TTL), b.recordFor(name))
@@ -373,7 +385,7 @@ func (b *backend) take(ctx context.Context, name string, wait int) (*lease, bool
 		qctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), time.Duration(wait)*time.Second+waitSlack)
 		defer cancel()
 	}
-	err := b.queryRow(qctx, lockSQL(b.n), args, &id, &readOnly, &slot)
+	err := b.queryRow(qctx, lockSQL(order), args, &id, &readOnly, &slot)
 	if err != nil {
 		return nil, false, b.failed(qctx, err)
 	}
@@ -403,7 +415,7 @@ func sessionTimeout(ttl time.Duration) int64 {
 }
 
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
-	l, ok, err := b.take(ctx, name, 0)
+	l, ok, err := b.take(ctx, name, 0, b.n-1)
 	switch {
 	case err != nil:
 		return nil, err
@@ -415,12 +427,18 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 
 // Acquire waits in GET_LOCK on the server, which hands the lock over the
 // moment its holder lets go, for up to waitSeconds (then ErrHeld: the
-// caller asks again). When ctx ends first, a second connection sends KILL
-// QUERY, so that the wait leaves the server's queue at once; if the lock
-// was granted meanwhile, or the server does not answer, the connection is
-// closed, which releases it.
-func (x exclusive) Acquire(ctx context.Context, name string) (lock.Lease, error) {
-	b := x.backend
+// caller asks again). A semaphore's waiter first tries every slot, then
+// waits in one chosen at random for up to slotWaitSeconds: waiters spread
+// over the slots, and one of them is handed a slot the moment it frees.
+// When ctx ends first, a second connection sends KILL QUERY, so that the
+// wait leaves the server's queue at once; if the lock was granted
+// meanwhile, or the server does not answer, the connection is closed,
+// which releases it.
+func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) {
+	wait, last := waitSeconds, 0
+	if b.n > 1 {
+		wait, last = slotWaitSeconds, rand.N(b.n)
+	}
 	if b.id == 0 {
 		// A new connection: its id, which KILL QUERY needs, comes from a
 		// first attempt (which may take the lock at once).
@@ -440,7 +458,7 @@ func (x exclusive) Acquire(ctx context.Context, name string) (lock.Lease, error)
 		}
 		b.kill(id, sock, done)
 	}()
-	l, ok, err := b.take(ctx, name, waitSeconds)
+	l, ok, err := b.take(ctx, name, wait, last)
 	close(done)
 	<-killed
 	switch {

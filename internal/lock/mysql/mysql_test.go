@@ -305,6 +305,11 @@ type result struct {
 	err   error
 }
 
+type heldResult struct {
+	held *lock.Held
+	err  error
+}
+
 // TestBreakUnprivileged: release --force by a user that may not end the
 // holder's session is refused with the server's reason (ErrRefused, 69).
 func TestBreakUnprivileged(t *testing.T) {
@@ -459,5 +464,69 @@ func TestDefaultPort(t *testing.T) {
 	_, err := c.TryAcquire(locktest.Context(t), "job")
 	if err == nil || !strings.Contains(err.Error(), net.JoinHostPort("127.0.0.1", "3306")) {
 		t.Errorf("TryAcquire: %v; want it to name 127.0.0.1:3306", err)
+	}
+}
+
+// TestSemaphoreWaitsInServer: a waiter for a full semaphore waits in
+// GET_LOCK on the server (a slot chosen at random), re-issued every
+// second, rather than polling every slot ten times a second; and it gets
+// the first slot freed, whether or not it waited in that one.
+func TestSemaphoreWaitsInServer(t *testing.T) {
+	m := testenv.RequireMariaDB(t)
+	sem := lock.Options{Mode: lock.Semaphore, MaxHolders: 2}
+	a, b, c := locktest.Open(t, m.URL, sem), locktest.Open(t, m.URL, sem), locktest.Open(t, m.URL, sem)
+	la, err := a.TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := b.TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.Release(locktest.Context(t))
+	ctx, cancel := context.WithCancel(locktest.Context(t))
+	defer cancel()
+	got := make(chan heldResult, 1)
+	go func() {
+		h, err := c.Acquire(ctx, "job")
+		got <- heldResult{h, err}
+	}()
+	waiting := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
+	deadline := time.Now().Add(30 * time.Second)
+	for query(t, m.URL, waiting) != "1" {
+		if time.Now().After(deadline) {
+			t.Fatal("the semaphore's waiter never waited in GET_LOCK")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Statements run by anyone in 3s: the waiter's attempts (one a second,
+	// or four at most), and maybe a check by each holder (every ttl/3, 5s).
+	// Polling every 100ms would be thirty.
+	selects := func() int {
+		var n int
+		fmt.Sscan(strings.Fields(query(t, m.URL, "SHOW GLOBAL STATUS LIKE 'Com_select'"))[1], &n)
+		return n
+	}
+	before := selects()
+	time.Sleep(3 * time.Second) // counts what happens meanwhile
+	// The last query above ran one SELECT too: SHOW is not one.
+	if n := selects() - before; n > 8 {
+		t.Errorf("%d statements in 3s while one waiter waited for a full semaphore; want no more than 8", n)
+	} else {
+		t.Logf("%d statements in 3s while one waiter waited for a full semaphore", n)
+	}
+	freed := time.Now()
+	if err := la.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("the waiter: %v", r.err)
+		}
+		t.Logf("the waiter got the freed slot %v after it was freed", time.Since(freed))
+		r.held.Release(locktest.Context(t))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter did not get the freed slot within 10s")
 	}
 }
