@@ -530,3 +530,20 @@ func TestSemaphoreWaitsInServer(t *testing.T) {
 		t.Fatal("the waiter did not get the freed slot within 10s")
 	}
 }
+
+func BenchmarkKey(b *testing.B) {
+	for b.Loop() {
+		mysql.Key("dbmigration")
+	}
+}
+
+// BenchmarkRoundTrip is one acquire and release on an open connection.
+func BenchmarkRoundTrip(b *testing.B) {
+	m := testenv.RequireMariaDB(b)
+	bk, err := lock.Open(m.URL, lock.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bk.Close()
+	locktest.BenchRoundTrip(b, bk)
+}
