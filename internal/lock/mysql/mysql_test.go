@@ -210,37 +210,46 @@ func TestSilentHolderEnds(t *testing.T) {
 
 // TestCancelledWaitLeavesNothing: a wait given up is killed on the server
 // (KILL QUERY from a second connection), so that it does not stay queued
-// for a lock that its client no longer wants.
+// for a lock that its client no longer wants; a semaphore's too.
 func TestCancelledWaitLeavesNothing(t *testing.T) {
 	m := testenv.RequireMariaDB(t)
-	a := locktest.Open(t, m.URL, lock.Options{})
-	b := locktest.Open(t, m.URL, lock.Options{})
-	la, err := a.TryAcquire(locktest.Context(t), "job")
-	if err != nil {
-		t.Fatal(err)
+	for _, opts := range []lock.Options{{Mode: lock.Exclusive}, {Mode: lock.Semaphore, MaxHolders: 2}} {
+		t.Run(string(opts.Mode), func(t *testing.T) {
+			var holds []lock.Lease
+			for range max(opts.MaxHolders, 1) {
+				l, err := locktest.Open(t, m.URL, opts).TryAcquire(locktest.Context(t), "job")
+				if err != nil {
+					t.Fatal(err)
+				}
+				holds = append(holds, l)
+			}
+			b := locktest.Open(t, m.URL, opts)
+			waiting := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
+			ctx, cancel := context.WithCancel(locktest.Context(t))
+			done := make(chan error, 1)
+			go func() {
+				_, err := b.Backend.(lock.Waiter).Acquire(ctx, "job")
+				done <- err
+			}()
+			deadline := time.Now().Add(30 * time.Second)
+			for query(t, m.URL, waiting) != "1" {
+				if time.Now().After(deadline) {
+					t.Fatal("the waiter never waited in GET_LOCK")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Errorf("cancelled wait: %v; want context.Canceled", err)
+			}
+			if got := query(t, m.URL, waiting); got != "0" {
+				t.Errorf("%s waits left in GET_LOCK after the waiter gave up; want none", got)
+			}
+			for _, l := range holds {
+				l.Release(locktest.Context(t))
+			}
+		})
 	}
-	waiting := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
-	ctx, cancel := context.WithCancel(locktest.Context(t))
-	done := make(chan error, 1)
-	go func() {
-		_, err := b.Backend.(lock.Waiter).Acquire(ctx, "job")
-		done <- err
-	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for query(t, m.URL, waiting) != "1" {
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter never waited in GET_LOCK")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Errorf("cancelled wait: %v; want context.Canceled", err)
-	}
-	if got := query(t, m.URL, waiting); got != "0" {
-		t.Errorf("%s waits left in GET_LOCK after the waiter gave up; want none", got)
-	}
-	la.Release(locktest.Context(t))
 }
 
 // TestCancelAsGranted: a wait given up just as the holder lets go either
