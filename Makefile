@@ -22,7 +22,7 @@ lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt -l:"; echo "$$out"; exit 1; fi
 	go vet ./...
 
-# Installs what the tests need (PostgreSQL, Redis, etcd, node/npm, util-linux) if missing.
+# Installs what the tests need (PostgreSQL, Redis, etcd, MariaDB, node/npm, util-linux) if missing.
 deps:
 	@bash scripts/test-deps
 

@@ -41,6 +41,9 @@ import (
 //	testdata/script/file      file:// only
 //	testdata/script/lease     every lease backend (Redis, MongoDB, etcd)
 //	testdata/script/etcd      etcd only; etcdctl is set up ($ETCDCTL_ENDPOINTS)
+//	testdata/script/mysql     MySQL (a MariaDB server) only; $MYSQLPORT is its
+//	                          port, for the mysql client (the user and password
+//	                          are in $MYSQL_USER and $MYSQL_PWD)
 func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
 		"status": expectStatus,
@@ -189,6 +192,20 @@ func TestScripts(t *testing.T) {
 			e.Setenv("ETCDHOSTPORT", s.Endpoint)
 			return s.URL, s, nil
 		}},
+		{"mysql", func(t *testing.T) { testenv.RequireMariaDB(t) }, func(e *testscript.Env) (string, server, error) {
+			// About a second: one per script, since GET_LOCK's names are
+			// the whole server's.
+			m, err := testenv.StartMariaDB()
+			if err != nil {
+				return "", nil, err
+			}
+			e.Setenv("CLOSED", "mysql://u:hunter22@127.0.0.1:1/db")
+			e.Setenv("MYSQLPORT", strconv.Itoa(m.Port))
+			e.Setenv("MYSQL_USER", testenv.MariaDBUser)
+			e.Setenv("MYSQL_PWD", testenv.MariaDBPassword)
+			e.Setenv("UNPRIVILEGED", m.UnprivilegedURL())
+			return m.URL, m, nil
+		}},
 	}
 	t.Run("cli", func(t *testing.T) {
 		testscript.Run(t, params("testdata/script/cli", "", nil))
@@ -286,6 +303,9 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			case "records_n":
 				// The backend records a semaphore's N and refuses another.
 				return recordsN[backend], nil
+			case "shared":
+				// The backend has shared locks (MySQL's GET_LOCK has none).
+				return backend != "mysql", nil
 			}
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},
@@ -306,6 +326,8 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			"nooverlap":  cmdNooverlap,
 			"standby":    cmdStandby,
 			"pgbouncer":  cmdPgbouncer,
+			"mysqlsql":   cmdMysqlsql,
+			"mysqlwait":  cmdMysqlwait,
 		},
 	}
 }
@@ -381,6 +403,49 @@ func cmdPgwait(ts *testscript.TestScript, neg bool, args []string) {
 			ts.Fatalf("pgwait: %q did not answer t within 30s (last: %q, %v)", args[0], rows, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// mysqlwait SQL runs SQL against $DB (a mysql URL) until it answers a
+// single 1 (up to 30s): for waiting until the server shows something, such
+// as a lock held by a mysql client.
+func cmdMysqlwait(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: mysqlwait SQL")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		rows, err := testenv.MySQLExec(ctx, ts.Getenv("DB"), args[0])
+		cancel()
+		if err == nil && len(rows) == 1 && rows[0] == "1" {
+			return
+		}
+		if time.Now().After(deadline) {
+			ts.Fatalf("mysqlwait: %q did not answer 1 within 30s (last: %q, %v)", args[0], rows, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// mysqlsql SQL runs SQL against $DB (a mysql URL) and prints the rows, one
+// line each, columns separated by a space.
+func cmdMysqlsql(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) != 1 {
+		ts.Fatalf("usage: mysqlsql SQL")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rows, err := testenv.MySQLExec(ctx, ts.Getenv("DB"), args[0])
+	if neg {
+		if err == nil {
+			ts.Fatalf("mysqlsql succeeded unexpectedly")
+		}
+		return
+	}
+	ts.Check(err)
+	for _, r := range rows {
+		fmt.Fprintln(ts.Stdout(), r)
 	}
 }
 

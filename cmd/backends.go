@@ -5,6 +5,7 @@ import (
 	_ "github.com/withlock/withlock/internal/lock/etcd"
 	_ "github.com/withlock/withlock/internal/lock/file"
 	_ "github.com/withlock/withlock/internal/lock/mongodb"
+	_ "github.com/withlock/withlock/internal/lock/mysql"
 	_ "github.com/withlock/withlock/internal/lock/postgres"
 	_ "github.com/withlock/withlock/internal/lock/redis"
 )

@@ -57,9 +57,10 @@ func newRunCmd(env *environment, use string) *cobra.Command {
 across every host, pod and cron daemon at most one copy of it runs at a time.
 
 The backend is a URL: --db, else $WITHLOCK_DB, else $PG_CONNECTION_STRING.
-Schemes: postgres://, postgresql://, redis://, rediss://, mongodb://,
+Schemes: postgres://, postgresql://, mysql:// (MySQL and MariaDB: GET_LOCK,
+interoperable with the mysql client's), redis://, rediss://, mongodb://,
 mongodb+srv://, etcd://HOST:PORT[,HOST:PORT...], etcds:// (the keys of
-etcdctl lock NAME), file:///DIR (mysql is planned). Everything after "--" is
+etcdctl lock NAME), file:///DIR. Everything after "--" is
 the command, passed on verbatim. On lease backends (Redis, MongoDB, etcd)
 the command gets WITHLOCK_TOKEN, a fencing token.
 

@@ -9,6 +9,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -99,6 +100,21 @@ func run() error {
 	etcdctl := func(name string, argv ...string) []string {
 		return append([]string{"etcdctl", "--endpoints", et.Endpoint, "lock", name, "--"}, argv...)
 	}
+	md, err := testenv.StartMariaDB()
+	if err != nil {
+		return err
+	}
+	defer md.Close()
+	// The mysql client's GET_LOCK, the floor of the mysql backend; its
+	// password from the environment, as withlock's from the URL.
+	os.Setenv("MYSQL_PWD", testenv.MariaDBPassword)
+	mysqlClient := func(sql ...string) []string {
+		argv := []string{"mysql", "-h", "127.0.0.1", "-P", strconv.Itoa(md.Port), "-u", testenv.MariaDBUser, "-N", "-B"}
+		for _, q := range sql {
+			argv = append(argv, "-e", q)
+		}
+		return argv
+	}
 	npmDir, err := testenv.NPMDir()
 	if err != nil {
 		return err
@@ -114,6 +130,7 @@ func run() error {
 		{"redis", rd.URL},
 		{"mongodb", mg.URL},
 		{"etcd", et.URL},
+		{"mysql", md.URL},
 	}
 	flockFile := filepath.Join(work, "flock.lock")
 
@@ -128,6 +145,7 @@ func run() error {
 	}
 	over = append(over,
 		contender{"psql floor", []string{psql, pg.URL, "-c", "select pg_advisory_lock(1); select pg_advisory_unlock(1)"}},
+		contender{"mysql client floor", mysqlClient("SELECT GET_LOCK('bench', 0); SELECT RELEASE_LOCK('bench')")},
 		contender{"npm withlock (postgres)", []string{npmWithlock, "bench", "--db", pg.URL, "--", "true"}},
 		contender{"etcdctl lock (etcd)", etcdctl("bench", "true")},
 	)
@@ -144,7 +162,8 @@ func run() error {
 		fmt.Printf("| %s | %s | %s | %.2f× | %.2f× |\n", c.name, ms(s.median), ms(s.p90), s.median/flockMed, s.median/psqlMed)
 	}
 	npm, wpg := stats["npm withlock (postgres)"].median, stats["withlock postgres"].median
-	fmt.Printf("\nnpm withlock ÷ withlock postgres: %.1f×\n\n", npm/wpg)
+	fmt.Printf("\nnpm withlock ÷ withlock postgres: %.1f×\n", npm/wpg)
+	fmt.Printf("withlock mysql ÷ mysql client floor: %.2f×\n\n", stats["withlock mysql"].median/stats["mysql client floor"].median)
 
 	// Hand-off: the holder's command exits -> the waiter's command starts.
 	fmt.Printf("## Hand-off: holder's command exits → waiter's command starts (%d trials)\n\n", handoffTrials)
@@ -172,6 +191,22 @@ func run() error {
 	if hand["etcdctl lock (etcd)"], err = handoff(work, func(cmd string) []string { return etcdctl("handoff", "sh", "-c", cmd) }); err != nil {
 		return fmt.Errorf("etcdctl lock: %w", err)
 	}
+	// The mysql client holding GET_LOCK around the same commands.
+	order = append(order, "mysql client")
+	// The client ends a "system" command at the first ';': the command goes
+	// in a file.
+	scripts := 0
+	script := func(cmd string) string {
+		scripts++
+		f := filepath.Join(work, fmt.Sprintf("mysql-client-%d.sh", scripts))
+		os.WriteFile(f, []byte(cmd+"\n"), 0o644)
+		return f
+	}
+	if hand["mysql client"], err = handoff(work, func(cmd string) []string {
+		return mysqlClient("SELECT GET_LOCK('handoff', 3600); system sh " + script(cmd) + "; SELECT RELEASE_LOCK('handoff')")
+	}); err != nil {
+		return fmt.Errorf("mysql client: %w", err)
+	}
 	for _, n := range order {
 		fmt.Printf("| %s | %s | %s | %.2f× |\n", n, ms(hand[n].median), ms(hand[n].p90), hand[n].median/hand["flock"].median)
 	}
@@ -193,6 +228,7 @@ func run() error {
 	}
 	conts = append(conts,
 		cont{"psql lock/command/unlock", acquisitions, []string{psql, "-q", pg.URL, "-c", "select pg_advisory_lock(7)", "-c", `\! ` + critical, "-c", "select pg_advisory_unlock(7)"}},
+		cont{"mysql client lock/command/unlock", acquisitions, mysqlClient("SELECT GET_LOCK('contention', 3600); system sh " + script(critical) + "; SELECT RELEASE_LOCK('contention')")},
 		cont{fmt.Sprintf("npm withlock (%d each)", npmAcquisition), npmAcquisition, []string{npmWithlock, "contention", "--db", pg.URL, "--", "sh", "-c", critical}},
 		cont{"etcdctl lock (etcd)", acquisitions, etcdctl("contention", "sh", "-c", critical)},
 	)
@@ -205,15 +241,23 @@ func run() error {
 	}
 
 	// Memory: peak RSS of withlock while it holds the lock.
+	// A semaphore's holder too (SPEC §11: the same bound); a backend
+	// without semaphores yet says so instead of ending the run.
 	fmt.Println("\n## Memory: peak RSS of withlock holding a lock for 1s")
-	fmt.Println("\n| backend | peak RSS |")
-	fmt.Println("|---|---:|")
+	fmt.Println("\n| backend | peak RSS | holding a semaphore of 3 |")
+	fmt.Println("|---|---:|---:|")
 	for _, db := range dbs {
 		rss, err := peakRSS(wl, db.url)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("| %s | %.1f MB |\n", db.name, float64(rss)/1024)
+		sem := "-"
+		if semRSS, err := peakRSS(wl, db.url, "--max-holders", "3"); err == nil {
+			sem = fmt.Sprintf("%.1f MB", float64(semRSS)/1024)
+		} else {
+			fmt.Fprintf(os.Stderr, "bench: %s semaphore: %v\n", db.name, err)
+		}
+		fmt.Printf("| %s | %.1f MB | %s |\n", db.name, float64(rss)/1024, sem)
 	}
 	return waitingFigures(work, wl)
 }
@@ -346,10 +390,17 @@ func contention(work string, n int, argv []string) (float64, int, error) {
 }
 
 // peakRSS is the maximum resident set size of withlock holding a lock for
-// a second, as /usr/bin/time -v reports it (the largest process: withlock).
-func peakRSS(wl, db string) (int, error) {
-	out, err := exec.Command("/usr/bin/time", "-v", wl, "--db", db, "memory", "--", "sleep", "1").CombinedOutput()
+// a second, as /usr/bin/time -v reports it (the largest process: withlock);
+// flags are withlock's (a mode).
+func peakRSS(wl, db string, flags ...string) (int, error) {
+	argv := append([]string{"-v", wl, "--db", db}, flags...)
+	argv = append(argv, "memory", "--", "sleep", "1")
+	out, err := exec.Command("/usr/bin/time", argv...).CombinedOutput()
 	if err != nil {
+		// withlock's own lines say why, else all of time's output.
+		if said := regexp.MustCompile(`(?m)^withlock: .*$`).FindAll(out, -1); said != nil {
+			out = bytes.Join(said, []byte("; "))
+		}
 		return 0, fmt.Errorf("time -v: %w: %s", err, out)
 	}
 	m := regexp.MustCompile(`Maximum resident set size \(kbytes\): (\d+)`).FindSubmatch(out)

@@ -147,6 +147,13 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 				// The holder's lease runs out first: be there when it does.
 				pause = max(left, time.Millisecond)
 			}
+			if waited {
+				// A server-side wait that ran out has spent the pause
+				// already: waiting in the server is the poll. Ask again at
+				// once (MySQL re-issues GET_LOCK), so that the waiter is
+				// never away from the server's queue.
+				pause = max(pause-time.Since(sent), 0)
+			}
 		case errors.Is(err, ErrUnavailable):
 			now := time.Now()
 			if unreachableSince.IsZero() {

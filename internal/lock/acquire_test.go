@@ -339,6 +339,63 @@ func TestAcquireUsesWaiter(t *testing.T) {
 	}
 }
 
+// expiringWaiter is a Waiter whose server-side wait runs out (ErrHeld) after
+// wait, until its n-th wait (from 0), which grants the lock; it records when
+// each wait began and ended.
+type expiringWaiter struct {
+	script
+	wait       time.Duration
+	grantAt    int
+	mu         sync.Mutex
+	began, end []time.Time
+}
+
+func (w *expiringWaiter) Acquire(context.Context, string) (lock.Lease, error) {
+	w.mu.Lock()
+	n := len(w.began)
+	w.began = append(w.began, time.Now())
+	w.mu.Unlock()
+	if n == w.grantAt {
+		return &fakeLease{}, nil
+	}
+	time.Sleep(w.wait) // the server's wait
+	w.mu.Lock()
+	w.end = append(w.end, time.Now())
+	w.mu.Unlock()
+	return nil, errHeld
+}
+
+// TestAcquireWaiterAsksAgainAtOnce: a server-side wait that ran out is
+// issued again at once, without the poll's pause (the wait was the poll), so
+// that a waiter is never away from the server's queue; a wait that returns
+// sooner than the pause is still paced by it.
+func TestAcquireWaiterAsksAgainAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		wait   time.Duration
+		atOnce bool
+	}{
+		{wait: time.Second, atOnce: true},
+		{wait: time.Millisecond, atOnce: false},
+	} {
+		b := &expiringWaiter{script: script{answer: always(errHeld)}, wait: tc.wait, grantAt: 3}
+		if _, err := acquire(t, testCtx(t), b, lock.Options{}); err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		for i, end := range b.end {
+			gap := b.began[i+1].Sub(end)
+			// 25ms is far below the 50ms that the shortest pause lasts,
+			// and far above what a loaded machine adds between two calls.
+			if tc.atOnce && gap > 25*time.Millisecond {
+				t.Errorf("a wait of %v ran out; the next began %v later, want at once", tc.wait, gap)
+			}
+			if !tc.atOnce && gap < 25*time.Millisecond {
+				t.Errorf("a wait of %v returned; the next began %v later, want the poll's pause (50ms or more)", tc.wait, gap)
+			}
+		}
+	}
+}
+
 func TestAcquireCancelled(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -488,8 +545,6 @@ func TestOpen(t *testing.T) {
 		{"%zz://u:hunter2@host/", lock.ErrUsage},
 		// The SPEC's schemes without a backend yet; drop each as its
 		// backend lands.
-		{"mysql://x:3306/db", lock.ErrNotSupported},
-		{"mysql://u:hunter2@x/db", lock.ErrNotSupported},
 	} {
 		_, err := lock.Open(tc.url, lock.Options{})
 		if !errors.Is(err, tc.kind) {

@@ -44,7 +44,7 @@ func Schemes() []string {
 }
 
 // planned are schemes the SPEC names that have no backend in this build.
-var planned = []string{"mysql"}
+var planned []string
 
 // Open returns a Client for rawURL and opts (zero values meaning the
 // defaults). It does not connect. Errors wrap ErrUsage (malformed URL,

@@ -51,6 +51,10 @@ var Backends = []Backend{
 	{Name: "etcd", Network: true, Tokens: true, Start: func(t testing.TB) string {
 		return testenv.RequireEtcd(t).URL
 	}},
+	// A server of its own: GET_LOCK's names are the whole server's.
+	{Name: "mysql", Network: true, Start: func(t testing.TB) string {
+		return testenv.RequireMariaDB(t).URL
+	}},
 	// Local: no network to break, so no faults; it checks the harness and
 	// the file backend under the same contention.
 	{Name: "file", Start: func(t testing.TB) string {

@@ -1,8 +1,8 @@
 // Package testenv starts the real servers withlock's tests run against, on
 // loopback, each in a temporary directory of its own: PostgreSQL (and PgBouncer
 // and hot standbys in front of or behind it), redis-server, a MongoDB-wire
-// server (FerretDB, built from internal/testenv/ferretdb), and the npm package
-// advisory-lock. No mocks.
+// server (FerretDB, built from internal/testenv/ferretdb), MariaDB (for the
+// mysql backend), and the npm package advisory-lock. No mocks.
 //
 // Every server is a child of the test process, started with a parent-death
 // signal (SIGKILL): a test binary that crashes, or is killed, leaves no server

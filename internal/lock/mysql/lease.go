@@ -1,0 +1,93 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// lease is a lock held by the backend's connection: the slot's key.
+type lease struct {
+	b    *backend
+	key  string
+	slot int
+}
+
+// keepSQL reads, in one round trip, everything Keep checks: whether the
+// session still holds the key, and whether the server is read-only now (a
+// failover that demoted it).
+const keepSQL = `SELECT IS_USED_LOCK(?) = CONNECTION_ID(), @@global.read_only OR @@global.innodb_read_only`
+
+// Keep checks that the session is alive, still holds the lock, and is on a
+// server that is not read-only.
+func (l *lease) Keep(ctx context.Context) error {
+	if l.b.conn == nil {
+		return lock.Errorf(lock.ErrLost, "the connection to mysql at %s was closed", l.b.addr)
+	}
+	var held sql.NullBool
+	var readOnly bool
+	err := l.b.queryRow(ctx, keepSQL, []any{l.key}, &held, &readOnly)
+	switch {
+	case err != nil && expired(ctx):
+		// Out of time: the caller decides what an unanswered check means.
+		return l.b.failed(ctx, err)
+	case err != nil:
+		return l.sessionEnded(ctx, err)
+	case readOnly:
+		return lock.Errorf(lock.ErrLost, "mysql at %s is read-only now (a failover?), where the lock excludes nobody on the primary", l.b.addr)
+	case !held.Bool:
+		return lock.Errorf(lock.ErrLost, "the session no longer holds the lock %s", l.key)
+	}
+	return nil
+}
+
+// sessionEnded sorts a failed statement: a connection that broke, or a
+// server that ended the session, is a loss (the lock went with the
+// session); any other failure says nothing about the lock.
+func (l *lease) sessionEnded(ctx context.Context, err error) error {
+	failed := l.b.failed(ctx, err)
+	if !errors.Is(failed, lock.ErrUnavailable) {
+		return failed
+	}
+	_, why := sortError(err)
+	return lock.Errorf(lock.ErrLost, "the session on mysql at %s ended (%s)", l.b.addr, why)
+}
+
+// Watch waits on the idle connection, so that a session ended by the
+// server (KILL, wait_timeout, a restart) is noticed at once rather than at
+// the next Keep.
+func (l *lease) Watch(ctx context.Context) error {
+	if l.b.sock == nil {
+		return lock.Errorf(lock.ErrLost, "the connection to mysql at %s was closed", l.b.addr)
+	}
+	err := l.b.sock.watch(ctx)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errClosed):
+		l.b.drop()
+		return lock.Errorf(lock.ErrLost, "mysql at %s closed the session", l.b.addr)
+	}
+	l.b.drop()
+	_, why := sortError(err)
+	return lock.Errorf(lock.ErrLost, "the connection to mysql at %s broke (%s)", l.b.addr, why)
+}
+
+// Release gives the slot back; if the statement fails, the connection is
+// closed, which ends the lock too.
+func (l *lease) Release(ctx context.Context) error {
+	var was sql.NullInt64
+	err := l.b.queryRow(ctx, "SELECT RELEASE_LOCK(?)", []any{l.key}, &was)
+	switch {
+	case err != nil:
+		err = l.b.failed(ctx, err)
+		l.b.drop()
+		return fmt.Errorf("mysql: %w; closed the connection, which ends the lock", err)
+	case was.Int64 != 1:
+		return errors.New("mysql: the lock was no longer held at release")
+	}
+	return nil
+}
