@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -282,26 +281,17 @@ var mariaInstallArgs = []string{
 
 var mariaInstall = sync.OnceValues(func() (*mariaInstallation, error) {
 	installDB := findProgram("mariadb-install-db", mariaSbin)
-	inst := &mariaInstallation{mariadbd: findProgram("mariadbd", mariaSbin), base: os.TempDir()}
+	inst := &mariaInstallation{mariadbd: findProgram("mariadbd", mariaSbin), base: dataBase()}
 	if installDB == "" || inst.mariadbd == "" {
 		return nil, ErrNoMariaDB
 	}
 	args := mariaInstallArgs
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("mysql")
-		if err != nil {
-			return nil, fmt.Errorf("testenv: as root, the server runs as the OS user mysql (mariadbd refuses root): %w; create it with: useradd --system mysql", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		inst.asUser = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		args = append(args, "--user=mysql")
+	var err error
+	if inst.asUser, err = serverUser("mysql"); err != nil {
+		return nil, err
 	}
-	// InnoDB writes its files at start-up: on a tmpfs, milliseconds, not
-	// the seconds it can take on a slow virtual disk.
-	var st syscall.Statfs_t
-	if syscall.Statfs("/dev/shm", &st) == nil && st.Type == 0x01021994 && st.Bavail*uint64(st.Bsize) >= 1<<30 {
-		inst.base = "/dev/shm"
+	if inst.asUser != nil {
+		args = append(args, "--user=mysql")
 	}
 	tpl, err := newProc(inst.base, "mariadbtemplate", inst.asUser)
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -214,24 +213,13 @@ type postgresInstall struct {
 var pgInstall = sync.OnceValues(func() (*postgresInstall, error) {
 	initdb, _ := filepath.EvalSymlinks(findProgram("initdb", "/usr/lib/postgresql/*/bin"))
 	bin := filepath.Dir(initdb) // postgres and pg_basebackup are next to the real initdb
-	inst := &postgresInstall{postgres: filepath.Join(bin, "postgres"), basebackup: filepath.Join(bin, "pg_basebackup"), base: os.TempDir()}
+	inst := &postgresInstall{postgres: filepath.Join(bin, "postgres"), basebackup: filepath.Join(bin, "pg_basebackup"), base: dataBase()}
 	if initdb == "" || findProgram(inst.postgres) == "" {
 		return nil, ErrNoPostgres
 	}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("testenv: as root, the server runs as the OS user postgres: %w; create it with: useradd --system postgres", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		inst.asUser = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-	}
-	// A cluster is a thousand small files: on a tmpfs, a copy takes
-	// milliseconds, not the second it can take on a slow virtual disk.
-	var st syscall.Statfs_t
-	if syscall.Statfs("/dev/shm", &st) == nil && st.Type == 0x01021994 && st.Bavail*uint64(st.Bsize) >= 1<<30 {
-		inst.base = "/dev/shm"
+	var err error
+	if inst.asUser, err = serverUser("postgres"); err != nil {
+		return nil, err
 	}
 	tpl, err := newProc(inst.base, "pgtemplate", inst.asUser)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -284,6 +285,32 @@ func (p *proc) Close() error {
 		return fmt.Errorf("testenv: %w", err)
 	}
 	return nil
+}
+
+// serverUser is the OS user a database server runs as: ours, or as root,
+// name (PostgreSQL and MariaDB refuse to run as root, as their packages do).
+func serverUser(name string) (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: as root, the server runs as the OS user %s: %w; create it with: useradd --system %s", name, err, name)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+// dataBase is where servers with many files live: /dev/shm when it is a
+// roomy tmpfs, where creating a data directory takes milliseconds, not the
+// seconds it can take on a slow virtual disk; else the temporary directory.
+func dataBase() string {
+	var st syscall.Statfs_t
+	if syscall.Statfs("/dev/shm", &st) == nil && st.Type == 0x01021994 && st.Bavail*uint64(st.Bsize) >= 1<<30 {
+		return "/dev/shm"
+	}
+	return os.TempDir()
 }
 
 // findProgram looks name up in PATH, then in dirs (globs, the newest
