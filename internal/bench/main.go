@@ -31,8 +31,8 @@ import (
 const (
 	overheadRuns   = 40
 	handoffTrials  = 20
-	contenders     = 8
-	acquisitions   = 50
+	contenders     = 16 // SPEC §11's contention goal
+	acquisitions   = 25
 	npmAcquisition = 5 // per contender: the npm withlock costs ~0.3s a run
 )
 
@@ -82,6 +82,22 @@ func run() error {
 		return err
 	}
 	defer pg.Close()
+	// URLs as users write them: no sslmode (libpq's default, prefer), against
+	// a server without TLS and one with it (SPEC §11).
+	pgTLS, err := testenv.StartPostgres()
+	if err != nil {
+		return err
+	}
+	defer pgTLS.Close()
+	if _, err := pgTLS.EnableTLS(); err != nil {
+		return err
+	}
+	asUsersWrite := func(u string) string { return strings.Replace(u, "?sslmode=disable", "", 1) }
+	pgURL, pgTLSURL := asUsersWrite(pg.URL), asUsersWrite(pgTLS.URL)
+	hello, err := buildHello(work)
+	if err != nil {
+		return err
+	}
 	rd, err := testenv.StartRedis()
 	if err != nil {
 		return err
@@ -126,7 +142,7 @@ func run() error {
 	}
 	dbs := []struct{ name, url string }{
 		{"file", "file://" + filepath.Join(work, "locks")},
-		{"postgres", pg.URL},
+		{"postgres", pgURL},
 		{"redis", rd.URL},
 		{"mongodb", mg.URL},
 		{"etcd", et.URL},
@@ -139,14 +155,22 @@ func run() error {
 	// Overhead: locking around `true`, uncontended.
 	var over []contender
 	over = append(over, contender{"true", []string{"true"}})
+	over = append(over, contender{"static Go hello-world", []string{hello}})
+	over = append(over, contender{"withlock version", []string{wl, "version"}})
 	over = append(over, contender{"flock FILE true", []string{"flock", flockFile, "true"}})
 	for _, db := range dbs {
 		over = append(over, contender{"withlock " + db.name, []string{wl, "--db", db.url, "bench", "--", "true"}})
 	}
+	floor := func(url string) []string {
+		return []string{psql, url, "-c", "select pg_advisory_lock(1); select pg_advisory_unlock(1)"}
+	}
 	over = append(over,
-		contender{"psql floor", []string{psql, pg.URL, "-c", "select pg_advisory_lock(1); select pg_advisory_unlock(1)"}},
+		contender{"withlock postgres, server with TLS", []string{wl, "--db", pgTLSURL, "bench", "--", "true"}},
+		contender{"withlock postgres, sslmode=disable", []string{wl, "--db", pg.URL, "bench", "--", "true"}},
+		contender{"psql floor", floor(pgURL)},
+		contender{"psql floor, server with TLS", floor(pgTLSURL)},
 		contender{"mysql client floor", mysqlClient("SELECT GET_LOCK('bench', 0); SELECT RELEASE_LOCK('bench')")},
-		contender{"npm withlock (postgres)", []string{npmWithlock, "bench", "--db", pg.URL, "--", "true"}},
+		contender{"npm withlock (postgres)", []string{npmWithlock, "bench", "--db", pgURL, "--", "true"}},
 		contender{"etcdctl lock (etcd)", etcdctl("bench", "true")},
 	)
 	stats, err := hyperfine(work, over)
@@ -155,14 +179,21 @@ func run() error {
 	}
 	flockMed, psqlMed := stats["flock FILE true"].median, stats["psql floor"].median
 	fmt.Printf("## Overhead: whole-process wall time of locking around `true` (%d runs after warm-up)\n\n", overheadRuns)
-	fmt.Println("| contender | median | p90 | ÷ flock | ÷ psql floor |")
-	fmt.Println("|---|---:|---:|---:|---:|")
+	fmt.Println("| contender | median | p90 | CPU (user+sys, mean) | ÷ flock | ÷ psql floor |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|")
 	for _, c := range over {
 		s := stats[c.name]
-		fmt.Printf("| %s | %s | %s | %.2f× | %.2f× |\n", c.name, ms(s.median), ms(s.p90), s.median/flockMed, s.median/psqlMed)
+		fmt.Printf("| %s | %s | %s | %s | %.2f× | %.2f× |\n", c.name, ms(s.median), ms(s.p90), ms(s.cpu), s.median/flockMed, s.median/psqlMed)
 	}
-	npm, wpg := stats["npm withlock (postgres)"].median, stats["withlock postgres"].median
-	fmt.Printf("\nnpm withlock ÷ withlock postgres: %.1f×\n", npm/wpg)
+	ratio := func(a, b string) float64 { return stats[a].median / stats[b].median }
+	cpuRatio := func(a, b string) float64 { return stats[a].cpu / stats[b].cpu }
+	npm, wpg := stats["npm withlock (postgres)"], stats["withlock postgres"]
+	fmt.Printf("\nnpm withlock ÷ withlock postgres: %.1f× wall, %.1f× CPU\n", npm.median/wpg.median, npm.cpu/wpg.cpu)
+	fmt.Printf("withlock postgres ÷ psql floor: %.2f× wall, %.2f× CPU; with TLS: %.2f× wall, %.2f× CPU\n",
+		ratio("withlock postgres", "psql floor"), cpuRatio("withlock postgres", "psql floor"),
+		ratio("withlock postgres, server with TLS", "psql floor, server with TLS"), cpuRatio("withlock postgres, server with TLS", "psql floor, server with TLS"))
+	fmt.Printf("withlock version ÷ static Go hello-world: %.2f×\n", ratio("withlock version", "static Go hello-world"))
+	fmt.Printf("withlock file ÷ flock: %.2f×\n", ratio("withlock file", "flock FILE true"))
 	fmt.Printf("withlock mysql ÷ mysql client floor: %.2f×\n\n", stats["withlock mysql"].median/stats["mysql client floor"].median)
 
 	// Hand-off: the holder's command exits -> the waiter's command starts.
@@ -211,7 +242,7 @@ func run() error {
 		fmt.Printf("| %s | %s | %s | %.2f× |\n", n, ms(hand[n].median), ms(hand[n].p90), hand[n].median/hand["flock"].median)
 	}
 
-	// Contention: 8 processes, each acquiring 50 times around a critical
+	// Contention: contenders processes, each acquiring in turn around a critical
 	// section that notices overlaps.
 	fmt.Printf("\n## Contention: %d processes × %d acquisitions of one lock, 2 ms critical section\n\n", contenders, acquisitions)
 	fmt.Println("| contender | acquisitions/s | overlaps |")
@@ -227,9 +258,9 @@ func run() error {
 		conts = append(conts, cont{"withlock " + db.name, acquisitions, []string{wl, "--db", db.url, "contention", "--", "sh", "-c", critical}})
 	}
 	conts = append(conts,
-		cont{"psql lock/command/unlock", acquisitions, []string{psql, "-q", pg.URL, "-c", "select pg_advisory_lock(7)", "-c", `\! ` + critical, "-c", "select pg_advisory_unlock(7)"}},
+		cont{"psql lock/command/unlock", acquisitions, []string{psql, "-q", pgURL, "-c", "select pg_advisory_lock(7)", "-c", `\! ` + critical, "-c", "select pg_advisory_unlock(7)"}},
 		cont{"mysql client lock/command/unlock", acquisitions, mysqlClient("SELECT GET_LOCK('contention', 3600); system sh " + script(critical) + "; SELECT RELEASE_LOCK('contention')")},
-		cont{fmt.Sprintf("npm withlock (%d each)", npmAcquisition), npmAcquisition, []string{npmWithlock, "contention", "--db", pg.URL, "--", "sh", "-c", critical}},
+		cont{fmt.Sprintf("npm withlock (%d each)", npmAcquisition), npmAcquisition, []string{npmWithlock, "contention", "--db", pgURL, "--", "sh", "-c", critical}},
 		cont{"etcdctl lock (etcd)", acquisitions, etcdctl("contention", "sh", "-c", critical)},
 	)
 	for _, c := range conts {
@@ -283,7 +314,7 @@ func waitingFigures(work, wl string) error {
 	return nil
 }
 
-type summary struct{ median, p90 float64 } // seconds
+type summary struct{ median, p90, cpu float64 } // seconds; cpu: mean user + sys
 
 func summarize(xs []float64) summary {
 	slices.Sort(xs)
@@ -292,6 +323,21 @@ func summarize(xs []float64) summary {
 }
 
 func ms(s float64) string { return fmt.Sprintf("%.2f ms", s*1000) }
+
+// buildHello builds a static Go hello-world, the floor of any Go program's
+// start (SPEC §11: withlock version at most 1.5× it).
+func buildHello(work string) (string, error) {
+	dir := filepath.Join(work, "hello")
+	os.MkdirAll(dir, 0o755)
+	os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module hello\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"hello\") }\n"), 0o644)
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", "hello", ".")
+	build.Dir, build.Env = dir, append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build hello-world: %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "hello"), nil
+}
 
 // hyperfine times every contender in one hyperfine run.
 func hyperfine(work string, cs []contender) (map[string]summary, error) {
@@ -313,6 +359,8 @@ func hyperfine(work string, cs []contender) (map[string]summary, error) {
 		Results []struct {
 			Command string    `json:"command"`
 			Times   []float64 `json:"times"`
+			User    float64   `json:"user"`
+			System  float64   `json:"system"`
 		} `json:"results"`
 	}
 	if err := json.Unmarshal(data, &res); err != nil {
@@ -320,7 +368,9 @@ func hyperfine(work string, cs []contender) (map[string]summary, error) {
 	}
 	m := map[string]summary{}
 	for _, r := range res.Results {
-		m[r.Command] = summarize(r.Times)
+		sum := summarize(r.Times)
+		sum.cpu = r.User + r.System
+		m[r.Command] = sum
 	}
 	return m, nil
 }
