@@ -1,6 +1,11 @@
 # The same commands CI runs (.ci/run calls `make test`).
+# withlock version prints these; goreleaser stamps the same three (.goreleaser.yaml).
+# The date is the commit's, not the build's, so that a commit builds the same bytes.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/withlock/withlock/cmd.version=$(VERSION)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+DATE ?= $(shell TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
+LDFLAGS := -s -w -X github.com/withlock/withlock/cmd.version=$(VERSION) \
+	-X github.com/withlock/withlock/cmd.commit=$(COMMIT) -X github.com/withlock/withlock/cmd.date=$(DATE)
 
 .PHONY: build test test-race test-e2e lint deps bench stress
 
