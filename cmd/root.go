@@ -69,6 +69,13 @@ func logFormatArg(args []string) string {
 	return "text"
 }
 
+// Command returns withlock's command tree for tools that describe it: the
+// release's man pages and shell completions (internal/release/docs). Its
+// output goes nowhere; running withlock is Main's job, not this tree's.
+func Command() *cobra.Command {
+	return newRootCmd(&environment{stdout: io.Discard, stderr: &redactor{w: io.Discard}, logFormat: "text", conflictCode: exitNotAcquired})
+}
+
 func newRootCmd(env *environment) *cobra.Command {
 	root := newRunCmd(env, "withlock [flags] NAME -- COMMAND [ARG...]")
 	info := readBuildInfo()
