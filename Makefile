@@ -1,16 +1,28 @@
 # The same commands CI runs (.ci/run calls `make test`).
+# withlock version prints these; goreleaser stamps the same three (.goreleaser.yaml).
+# The date is the commit's, not the build's, so that a commit builds the same bytes.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/withlock/withlock/cmd.version=$(VERSION)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+DATE ?= $(shell TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
+LDFLAGS := -s -w -X github.com/withlock/withlock/cmd.version=$(VERSION) \
+	-X github.com/withlock/withlock/cmd.commit=$(COMMIT) -X github.com/withlock/withlock/cmd.date=$(DATE)
 
-.PHONY: build test test-race test-e2e lint deps bench stress
+.PHONY: build test test-race test-e2e test-release lint deps bench stress dist image
 
 # A static binary: no libc, runs in any container image.
 build:
 	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o withlock .
 
-# Everything, against real servers, with the race detector.
+# Everything, against real servers, with the race detector; then the
+# release module's tests (they need Go modules only, not goreleaser).
 test: deps lint
 	go test -race -count=1 -timeout 30m ./...
+	$(MAKE) test-release
+
+# The image builder (built and read back) and examples/ (k8s manifests decoded
+# strictly, systemd units verified, every command line run): internal/release.
+test-release:
+	cd internal/release && go test -count=1 ./...
 
 test-race: test
 
@@ -21,6 +33,7 @@ test-e2e: deps
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt -l:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	cd internal/release && go vet ./...
 
 # Installs what the tests need (PostgreSQL, Redis, etcd, MariaDB, node/npm, util-linux) if missing.
 deps:
@@ -40,3 +53,33 @@ bench: deps
 STRESS_RUNS ?= 1000
 stress: deps
 	go test -count=1 -v -timeout 90m -parallel 4 -run '^TestStress$$' ./internal/stress -stress.long -stress.runs $(STRESS_RUNS)
+
+# A snapshot release into dist/ (README, "Releasing"): goreleaser, pinned in
+# internal/tools, builds the archives, checksums.txt and the .deb/.rpm/.apk;
+# then the OCI image is added (goreleaser builds images only with a Docker
+# engine) and the man pages are copied beside them.
+# goreleaser wants the remote's URL: a checkout without a remote (a git
+# worktree, say) gets the project's, for this run only.
+ifeq ($(shell git remote 2>/dev/null),)
+dist: export GIT_CONFIG_COUNT = 1
+dist: export GIT_CONFIG_KEY_0 = remote.origin.url
+dist: export GIT_CONFIG_VALUE_0 = https://github.com/withlock/withlock
+endif
+dist: bin/goreleaser
+	bin/goreleaser release --snapshot --clean
+	$(MAKE) image
+	cp -R build/docs/man dist/man
+
+# The OCI image of the linux binaries in dist/, added to checksums.txt.
+image:
+	cd internal/release && go run ./image dist -created $(DATE) ../../dist
+
+# The release workflow's step on a tag (needs GITHUB_TOKEN and gh): publish,
+# then attach the image and the checksums that now list it.
+release: bin/goreleaser
+	bin/goreleaser release --clean
+	$(MAKE) image
+	gh release upload $(VERSION) dist/*_oci.tar dist/checksums.txt --clobber
+
+bin/goreleaser: internal/tools/go.mod internal/tools/go.sum
+	cd internal/tools && go build -o ../../bin/goreleaser github.com/goreleaser/goreleaser/v2

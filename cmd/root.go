@@ -8,26 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime/debug"
 	"strings"
 
 	"github.com/spf13/cobra"
 )
-
-// version is stamped at build time: -ldflags "-X github.com/withlock/withlock/cmd.version=v1.2.3".
-var version = ""
-
-// Version is the version stamped at build time, else the module version
-// the binary was built from, else "dev".
-func Version() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "dev"
-}
 
 // Main runs withlock with os.Args and returns the exit status. It serves
 // both main.go and the tests.
@@ -85,10 +69,19 @@ func logFormatArg(args []string) string {
 	return "text"
 }
 
+// Command returns withlock's command tree for tools that describe it: the
+// release's man pages and shell completions (internal/release/docs). Its
+// output goes nowhere; running withlock is Main's job, not this tree's.
+func Command() *cobra.Command {
+	return newRootCmd(&environment{stdout: io.Discard, stderr: &redactor{w: io.Discard}, logFormat: "text", conflictCode: exitNotAcquired})
+}
+
 func newRootCmd(env *environment) *cobra.Command {
 	root := newRunCmd(env, "withlock [flags] NAME -- COMMAND [ARG...]")
-	root.Version = Version()
-	root.SetVersionTemplate("withlock {{.Version}}\n")
+	info := readBuildInfo()
+	root.Version = info.Version
+	// No template actions in it: the text is printed as it is.
+	root.SetVersionTemplate(info.text())
 	root.AddCommand(
 		newRunCmd(env, "run [flags] NAME -- COMMAND [ARG...]"),
 		newStatusCmd(env),
@@ -98,16 +91,4 @@ func newRootCmd(env *environment) *cobra.Command {
 	root.SetOut(env.stdout)
 	root.SetErr(env.stderr)
 	return root
-}
-
-func newVersionCmd(env *environment) *cobra.Command {
-	return &cobra.Command{
-		Use:   "version",
-		Short: "Print withlock's version",
-		Args:  cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
-			fmt.Fprintf(env.stdout, "withlock %s\n", Version())
-			return nil
-		},
-	}
 }

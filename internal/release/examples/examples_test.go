@@ -1,0 +1,433 @@
+// Package examples tests the files in examples/: the Kubernetes manifests
+// decode strictly into the real API types, the systemd units pass
+// systemd-analyze verify, and every withlock command line in them runs,
+// verbatim but for the lock's database (file://) and the job (a stub), with
+// the behaviour its comments promise.
+package examples
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// dir is examples/ in this checkout.
+var dir = filepath.Join("..", "..", "..", "examples")
+
+// binDir holds the withlock binary that TestMain builds.
+var binDir string
+
+func TestMain(m *testing.M) {
+	var err error
+	if binDir, err = os.MkdirTemp("", "withlock-examples-"); err != nil {
+		panic(err)
+	}
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(binDir, "withlock"), ".")
+	build.Dir = filepath.Join("..", "..", "..")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	code := 1
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "go build withlock: %v\n%s", err, out)
+	} else {
+		code = m.Run()
+	}
+	os.RemoveAll(binDir)
+	os.Exit(code)
+}
+
+const image = "ghcr.io/withlock/withlock:"
+
+func TestKubernetesDeployment(t *testing.T) {
+	var d appsv1.Deployment
+	decodeStrict(t, "kubernetes/deployment.yaml", &d)
+	if d.APIVersion != "apps/v1" || d.Kind != "Deployment" {
+		t.Fatalf("%s %s; want apps/v1 Deployment", d.APIVersion, d.Kind)
+	}
+	pod := d.Spec.Template.Spec
+	if len(pod.InitContainers) != 2 || !strings.HasPrefix(pod.InitContainers[1].Image, image) {
+		t.Fatalf("want two init containers, the second from %s...: %+v", image, pod.InitContainers)
+	}
+	c := pod.InitContainers[1]
+	checkWithlockContainer(t, pod, c)
+	if len(c.Command) != 0 {
+		t.Errorf("command %q overrides the image's entrypoint", c.Command)
+	}
+
+	// Every replica runs the init container at once: one migrates at a
+	// time and each finds the migrations run.
+	env := newJobEnv(t, "/shared/")
+	runs := make([]*exec.Cmd, 4)
+	for i := range runs {
+		runs[i] = env.withlock(c.Args...)
+	}
+	env.runAll(t, runs)
+	want := env.move("-path=/shared/migrations -database=$(DATABASE_URL) up")
+	if got := env.jobRuns(); len(got) != len(runs) || got[0] != want {
+		t.Errorf("migrate ran with %q; want %d times with %q", got, len(runs), want)
+	}
+}
+
+func TestKubernetesCronJob(t *testing.T) {
+	var cj batchv1.CronJob
+	decodeStrict(t, "kubernetes/cronjob.yaml", &cj)
+	if cj.APIVersion != "batch/v1" || cj.Kind != "CronJob" {
+		t.Fatalf("%s %s; want batch/v1 CronJob", cj.APIVersion, cj.Kind)
+	}
+	pod := cj.Spec.JobTemplate.Spec.Template.Spec
+	if len(pod.Containers) != 1 || !strings.HasPrefix(pod.Containers[0].Image, image) {
+		t.Fatalf("want one container, from %s...: %+v", image, pod.Containers)
+	}
+	c := pod.Containers[0]
+	checkWithlockContainer(t, pod, c)
+	for _, flag := range []string{"-n", "--conflict-exit-code=0", "--hold-at-least=10m"} {
+		if !slices.Contains(c.Args, flag) {
+			t.Errorf("args %q lack %s", c.Args, flag)
+		}
+	}
+	env := newJobEnv(t, "/shared/")
+	env.checkOncePerSlot(t, func() *exec.Cmd { return env.withlock(c.Args...) })
+}
+
+// checkWithlockContainer checks what withlock's image needs: a non-root
+// user the kubelet can verify, and the shared volume with the job in it.
+func checkWithlockContainer(t *testing.T, pod corev1.PodSpec, c corev1.Container) {
+	t.Helper()
+	if pod.SecurityContext == nil || pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot {
+		t.Errorf("the pod does not ask for runAsNonRoot")
+	}
+	if c.SecurityContext == nil || c.SecurityContext.RunAsUser == nil || *c.SecurityContext.RunAsUser != 65532 {
+		t.Errorf("container %s: runAsUser is not the image's user 65532", c.Name)
+	}
+	var db bool
+	for _, e := range c.Env {
+		db = db || e.Name == "WITHLOCK_DB" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil
+	}
+	if !db {
+		t.Errorf("container %s: WITHLOCK_DB does not come from a Secret", c.Name)
+	}
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/shared" {
+		t.Errorf("container %s: want /shared mounted, have %+v", c.Name, c.VolumeMounts)
+	}
+	if len(pod.Volumes) != 1 || pod.Volumes[0].EmptyDir == nil || pod.Volumes[0].Name != c.VolumeMounts[0].Name {
+		t.Errorf("want one emptyDir volume, the one mounted: %+v", pod.Volumes)
+	}
+}
+
+// decodeStrict decodes examples/name into v as the API server would, but
+// failing on any field v's type does not have, and on duplicate fields.
+func decodeStrict(t *testing.T, name string, v any) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(data, v); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+}
+
+func TestCrontab(t *testing.T) {
+	f, err := os.Open(filepath.Join(dir, "cron", "withlock-report"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var vars []string
+	var jobs [][]string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case line == "" || line[0] == '#':
+		case strings.Contains(strings.Fields(line)[0], "="):
+			vars = append(vars, line)
+		default:
+			// minute hour day month weekday user command (/etc/cron.d)
+			fields := strings.SplitN(line, " ", 7)
+			if len(fields) != 7 {
+				t.Fatalf("cron line %q: want 5 time fields, a user and a command", line)
+			}
+			jobs = append(jobs, fields)
+		}
+	}
+	if len(jobs) != 1 || len(vars) != 1 || !strings.HasPrefix(vars[0], "WITHLOCK_DB=") {
+		t.Fatalf("want WITHLOCK_DB= and one job: %q, %q", vars, jobs)
+	}
+	if jobs[0][5] != "report" {
+		t.Errorf("the job runs as %q; want the report user", jobs[0][5])
+	}
+	// cron runs the command with /bin/sh -c.
+	env := newJobEnv(t, "/opt/report/")
+	env.checkOncePerSlot(t, func() *exec.Cmd { return env.shell(jobs[0][6]) })
+}
+
+func TestSystemdUnits(t *testing.T) {
+	service, err := os.ReadFile(filepath.Join(dir, "systemd", "report.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var execStart string
+	for _, line := range strings.Split(string(service), "\n") {
+		if v, ok := strings.CutPrefix(line, "ExecStart="); ok {
+			execStart = v
+		}
+	}
+	if execStart == "" || strings.ContainsAny(execStart, `"'$%\`) {
+		t.Fatalf("ExecStart=%q: want one, without quoting or expansion (systemd's rules differ from sh's)", execStart)
+	}
+
+	t.Run("verify", func(t *testing.T) {
+		analyze, err := exec.LookPath("systemd-analyze")
+		if err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatal("systemd-analyze not found: apt-get install systemd")
+			}
+			t.Skip("systemd-analyze not found: apt-get install systemd")
+		}
+		// A root with the units where systemd looks, beside the system's
+		// own (timers.target, sysinit.target), and the programs ExecStart
+		// names, which verify checks are executable.
+		root := t.TempDir()
+		units := filepath.Join(root, "etc", "systemd", "system")
+		system := filepath.Join(root, "usr", "lib", "systemd")
+		if err := os.MkdirAll(system, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("cp", "-a", "/usr/lib/systemd/system", system).CombinedOutput(); err != nil {
+			t.Fatalf("copying the system's units: %v\n%s", err, out)
+		}
+		for _, name := range []string{"report.service", "report.timer"} {
+			copyFile(t, filepath.Join(dir, "systemd", name), filepath.Join(units, name), 0o644)
+		}
+		copyFile(t, filepath.Join(binDir, "withlock"), filepath.Join(root, "usr", "bin", "withlock"), 0o755)
+		writeFile(t, filepath.Join(root, "opt", "report", "send-report"), "#!/bin/sh\n", 0o755)
+		cmd := exec.Command(analyze, "verify", "--man=no", "--root="+root,
+			filepath.Join(units, "report.service"), filepath.Join(units, "report.timer"))
+		out, err := cmd.CombinedOutput()
+		if err != nil || len(bytes.TrimSpace(out)) > 0 {
+			t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("ExecStart", func(t *testing.T) {
+		argv := strings.Fields(execStart)
+		if argv[0] != "/usr/bin/withlock" {
+			t.Fatalf("ExecStart runs %s; the packages install /usr/bin/withlock", argv[0])
+		}
+		env := newJobEnv(t, "/opt/report/")
+		env.checkOncePerSlot(t, func() *exec.Cmd { return env.withlock(argv[1:]...) })
+	})
+}
+
+func TestDeployScript(t *testing.T) {
+	env := newJobEnv(t, "")
+	// The script's commands, as stubs: migrate is the job; systemctl
+	// records what it was asked.
+	writeFile(t, filepath.Join(env.dir, "bin", "migrate"), env.stub, 0o755)
+	writeFile(t, filepath.Join(env.dir, "bin", "systemctl"), `#!/bin/sh
+echo "$*" >>"$STATE/systemctl"
+`, 0o755)
+	script, err := filepath.Abs(filepath.Join(dir, "deploy", "deploy.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := make([]*exec.Cmd, 4) // four hosts deploy at once
+	for i := range runs {
+		runs[i] = env.command(script)
+	}
+	env.runAll(t, runs)
+	if got := env.jobRuns(); len(got) != len(runs) || got[0] != "up" {
+		t.Errorf("migrate ran with %q; want %d times with %q", got, len(runs), "up")
+	}
+	if got, _ := os.ReadFile(filepath.Join(env.dir, "systemctl")); string(got) != strings.Repeat("restart shop\n", len(runs)) {
+		t.Errorf("systemctl was run with %q; want restart shop, once per host", got)
+	}
+}
+
+// jobEnv runs withlock command lines with the lock in a directory of the
+// test's own (file://), PATH holding withlock and the stubs, and every
+// absolute path under prefix moved to the test's directory, where the job
+// stub stands in for the example's job.
+type jobEnv struct {
+	dir    string // $STATE: the stubs' records, and the job under prefix's name
+	prefix string
+	stub   string // the job stub's script
+	vars   []string
+}
+
+func newJobEnv(t *testing.T, prefix string) *jobEnv {
+	e := &jobEnv{dir: t.TempDir(), prefix: prefix}
+	// The job records its arguments, and exits 99 if another copy of it is
+	// running: mkdir is atomic. It stays a moment so that an overlap, if
+	// withlock allowed one, would happen: a sleep that checks that
+	// something does not happen.
+	e.stub = `#!/bin/sh
+mkdir "$STATE/running" 2>/dev/null || { echo "job: another copy is running" >&2; exit 99; }
+echo "$*" >>"$STATE/runs"
+sleep 0.2
+rmdir "$STATE/running"
+`
+	if prefix != "" {
+		for _, name := range []string{"migrate", "send-report"} {
+			writeFile(t, filepath.Join(e.dir, name), e.stub, 0o755)
+		}
+	}
+	e.vars = []string{
+		"PATH=" + binDir + string(os.PathListSeparator) + filepath.Join(e.dir, "bin") + string(os.PathListSeparator) + "/usr/bin:/bin",
+		"STATE=" + e.dir,
+		"WITHLOCK_DB=file://" + filepath.Join(e.dir, "locks"),
+	}
+	return e
+}
+
+// move rewrites the example's paths under prefix to the test's directory.
+func (e *jobEnv) move(s string) string {
+	if e.prefix == "" {
+		return s
+	}
+	return strings.ReplaceAll(s, e.prefix, e.dir+"/")
+}
+
+func (e *jobEnv) command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.Env = e.vars
+	cmd.Dir = e.dir
+	// A group of its own, so that the test can stop withlock even when a
+	// shell started it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return cmd
+}
+
+// withlock runs withlock with the example's arguments, as a container's
+// entrypoint or systemd would: no shell.
+func (e *jobEnv) withlock(args ...string) *exec.Cmd {
+	moved := make([]string, len(args))
+	for i, a := range args {
+		moved[i] = e.move(a)
+	}
+	return e.command(filepath.Join(binDir, "withlock"), moved...)
+}
+
+// shell runs a command line as cron does.
+func (e *jobEnv) shell(line string) *exec.Cmd {
+	return e.command("/bin/sh", "-c", e.move(line))
+}
+
+// runAll starts every command at once and wants each to succeed.
+func (e *jobEnv) runAll(t *testing.T, cmds []*exec.Cmd) {
+	t.Helper()
+	var wg sync.WaitGroup
+	outs := make([]bytes.Buffer, len(cmds))
+	errs := make([]error, len(cmds))
+	for i, cmd := range cmds {
+		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = cmd.Run()
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("%s: %v\n%s", cmds[i].Args, err, &outs[i])
+		}
+	}
+}
+
+// jobRuns are the job's argument lists, one per run.
+func (e *jobEnv) jobRuns() []string {
+	data, _ := os.ReadFile(filepath.Join(e.dir, "runs"))
+	return strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+}
+
+// checkOncePerSlot checks the cron pattern: the first run runs the job and
+// keeps the lock for --hold-at-least; a second run meanwhile (another host
+// whose clock is late) exits 0 at once, quietly, without running the job.
+func (e *jobEnv) checkOncePerSlot(t *testing.T, run func() *exec.Cmd) {
+	t.Helper()
+	first := run()
+	var firstOut bytes.Buffer
+	first.Stdout, first.Stderr = &firstOut, &firstOut
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- first.Wait() }()
+	t.Cleanup(func() {
+		syscall.Kill(-first.Process.Pid, syscall.SIGTERM)
+		<-firstDone
+	})
+
+	// The job has run once the stub recorded it and removed its marker.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		runs, _ := os.ReadFile(filepath.Join(e.dir, "runs"))
+		_, err := os.Stat(filepath.Join(e.dir, "running"))
+		if len(runs) > 0 && errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		select {
+		case err := <-firstDone:
+			t.Fatalf("first run ended before its job was recorded: %v\n%s", err, &firstOut)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job did not run within 30s\n%s", &firstOut)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case err := <-firstDone:
+		t.Fatalf("first run ended (%v) right after its job: --hold-at-least did not hold the lock\n%s", err, &firstOut)
+	default:
+	}
+
+	second := run()
+	start := time.Now()
+	out, err := second.CombinedOutput()
+	if err != nil || len(out) > 0 {
+		t.Errorf("second run: %v, output %q; want exit 0 and no output", err, out)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("second run took %v; want it to give up at once", d)
+	}
+	if got := e.jobRuns(); len(got) != 1 {
+		t.Errorf("the job ran %d times: %q; want once", len(got), got)
+	}
+}
+
+func copyFile(t *testing.T, from, to string, mode os.FileMode) {
+	t.Helper()
+	data, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, to, string(data), mode)
+}
+
+func writeFile(t *testing.T, name, content string, mode os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(name, []byte(content), mode); err != nil {
+		t.Fatal(err)
+	}
+}
