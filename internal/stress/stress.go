@@ -219,6 +219,9 @@ type harness struct {
 	cfg Config
 	url string
 	dir string // the sections' record files
+	// waiting, if set, runs withlock with -v and is called once for each
+	// run whose withlock says that it waits (Crowd).
+	waiting func()
 }
 
 // run runs one withlock with the section as its command and returns what
@@ -229,12 +232,16 @@ func (h *harness) run(kill context.Context, contender, seq int) (Run, error) {
 	if h.cfg.Unlocked {
 		name = fmt.Sprintf("%s-%d", lockName, contender)
 	}
-	cmd := exec.CommandContext(kill, h.bin.Withlock,
+	var verbose []string
+	if h.waiting != nil {
+		verbose = []string{"-v"}
+	}
+	cmd := exec.CommandContext(kill, h.bin.Withlock, append(verbose,
 		"--ttl", h.cfg.TTL.String(),
 		"--kill-after", h.cfg.KillAfter.String(),
 		"--connect-timeout", h.cfg.ConnectTimeout.String(),
 		"--db", h.url,
-		name, "--", h.bin.Section)
+		name, "--", h.bin.Section)...)
 	cmd.Env = append(environ(),
 		"WITHLOCK_STRESS_OUT="+out,
 		"WITHLOCK_STRESS_HOLD="+h.cfg.Hold.String())
@@ -261,6 +268,9 @@ func (h *harness) run(kill context.Context, contender, seq int) (Run, error) {
 			line := s.Text()
 			if r.LostAt == 0 && strings.Contains(line, "lost the lock") {
 				r.LostAt = now()
+			}
+			if h.waiting != nil && strings.Contains(line, "held elsewhere; waiting") {
+				h.waiting()
 			}
 			tail = append(tail, strings.TrimSpace(line))
 			if len(tail) > 3 {

@@ -2,6 +2,7 @@ package stress
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -17,6 +18,7 @@ var (
 	hold     = flag.Duration("stress.hold", 100*time.Millisecond, "how long each critical section holds the lock")
 	seed     = flag.Uint64("stress.seed", 0, "seed of the fault injector (0: from the clock)")
 	noFaults = flag.Bool("stress.nofaults", false, "inject no faults: the contention alone, for comparison")
+	crowd    = flag.Int("stress.waiters", 10, "TestManyWaiters: waiters behind one holder per backend (make stress: 100)")
 )
 
 func TestMain(m *testing.M) {
@@ -124,6 +126,35 @@ func TestStress(t *testing.T) {
 		}
 	}
 	t.Logf("stress, %s:\n%s", time.Now().UTC().Format("2006-01-02"), strings.Join(table, "\n"))
+}
+
+// TestManyWaiters is issue 21's many waiters at once: n withlocks wait
+// behind one holder of a NAME on each backend, and when it lets go every one
+// of them runs its section, one at a time, and exits 0. make test runs 10
+// per backend; make stress runs 100 (-stress.waiters), which meets each
+// server's first limit on connections (see README, "Many waiters").
+func TestManyWaiters(t *testing.T) {
+	bin := binaries(t)
+	n := *crowd
+	cfg := Config{
+		Hold: 10 * time.Millisecond,
+		TTL:  30 * time.Second, KillAfter: 5 * time.Second, ConnectTimeout: 60 * time.Second,
+		Drain: 5 * time.Minute,
+	}
+	var table []string
+	for _, b := range Backends {
+		t.Run(b.Name, func(t *testing.T) {
+			rep := Crowd(t, bin, b, n, cfg)
+			table = append(table, fmt.Sprintf("%-8s | %d waiters ran in %v after the release, %d overlaps, exits %v", b.Name, rep.Runs, rep.Took.Round(100*time.Millisecond), len(rep.Overlaps), rep.Exits))
+			for _, f := range rep.Failures() {
+				t.Error(f)
+			}
+			if rep.Runs != n || rep.Entered != n || rep.Exits[0] != n {
+				t.Errorf("%d waiters: %d ran, %d entered their section, %d exited 0 (%v); want all", n, rep.Runs, rep.Entered, rep.Exits[0], rep)
+			}
+		})
+	}
+	t.Logf("many waiters, %s:\n%s", time.Now().UTC().Format("2006-01-02"), strings.Join(table, "\n"))
 }
 
 // The harness sees real overlaps: with a lock of its own per contender,
