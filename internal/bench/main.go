@@ -37,8 +37,9 @@ const (
 )
 
 var (
-	onlyWaiting = flag.Bool("waiting", false, "measure only what waiters cost the server (the MongoDB row)")
-	binary      = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
+	onlyWaiting  = flag.Bool("waiting", false, "measure only what waiters cost the server")
+	waitBackends = flag.String("backends", "file,postgres,redis,mongodb,etcd,mysql", "with -waiting: the backends measured, comma-separated")
+	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
 )
 
 func main() {
@@ -74,7 +75,7 @@ func run() error {
 		}
 	}
 	if *onlyWaiting {
-		return waitingFigures(work, wl)
+		return waitingFigures(work, wl, strings.Split(*waitBackends, ","))
 	}
 
 	pg, err := testenv.StartPostgres()
@@ -290,28 +291,100 @@ func run() error {
 		}
 		fmt.Printf("| %s | %.1f MB | %s |\n", db.name, float64(rss)/1024, sem)
 	}
-	return waitingFigures(work, wl)
+	return waitingOn(work, wl, dbs, servers{pg: pg, rd: rd, mg: mg, et: et, md: md})
 }
 
-// waitingFigures measures what waiters cost the server. Only the MongoDB
-// row so far: it needs the server's pid and an operation counter.
-func waitingFigures(work, wl string) error {
-	mg, err := testenv.StartMongo()
-	if err != nil {
-		return err
+// servers are the test servers of a run, for the waiting figure.
+type servers struct {
+	pg *testenv.Postgres
+	rd *testenv.Redis
+	mg *testenv.Mongo
+	et *testenv.Etcd
+	md *testenv.MariaDB
+}
+
+// waitingFigures starts the servers of the backends named, and measures
+// what waiters cost them.
+func waitingFigures(work, wl string, names []string) error {
+	var (
+		s   servers
+		dbs []struct{ name, url string }
+		err error
+	)
+	for _, n := range names {
+		url := ""
+		switch n {
+		case "file":
+			url = "file://" + filepath.Join(work, "locks")
+		case "postgres":
+			if s.pg, err = testenv.StartPostgres(); err == nil {
+				defer s.pg.Close()
+				url = s.pg.URL
+			}
+		case "redis":
+			if s.rd, err = testenv.StartRedis(); err == nil {
+				defer s.rd.Close()
+				url = s.rd.URL
+			}
+		case "mongodb":
+			if s.mg, err = testenv.StartMongo(); err == nil {
+				defer s.mg.Close()
+				url = s.mg.URL
+			}
+		case "etcd":
+			if s.et, err = testenv.StartEtcd(); err == nil {
+				defer s.et.Close()
+				url = s.et.URL
+			}
+		case "mysql":
+			if s.md, err = testenv.StartMariaDB(); err == nil {
+				defer s.md.Close()
+				url = s.md.URL
+			}
+		default:
+			return fmt.Errorf("-backends: no backend %q", n)
+		}
+		if err != nil {
+			return err
+		}
+		dbs = append(dbs, struct{ name, url string }{n, url})
 	}
-	defer mg.Close()
-	ops, closeOps, err := mongoOps(mg.URL)
-	if err != nil {
-		return err
+	return waitingOn(work, wl, dbs, s)
+}
+
+// waitingOn measures what waiters cost the servers of dbs.
+func waitingOn(work, wl string, dbs []struct{ name, url string }, s servers) error {
+	var targets []waitTarget
+	for _, db := range dbs {
+		t := waitTarget{name: db.name, url: db.url}
+		var closeOps func()
+		var err error
+		switch db.name {
+		case "postgres":
+			t.pid, t.counter = s.pg.PID(), "transactions (pg_stat_database xact_commit + xact_rollback)"
+			t.ops, closeOps, err = postgresOps(db.url)
+		case "redis":
+			t.pid, t.counter = s.rd.PID(), "commands (INFO stats total_commands_processed)"
+			t.ops, closeOps, err = redisOps(db.url)
+		case "mongodb":
+			t.pid, t.counter = s.mg.PID(), "commands (serverStatus metrics.commands)"
+			t.ops, closeOps, err = mongoOps(db.url)
+		case "etcd":
+			t.pid, t.counter = s.et.PID(), "gRPC messages received (/metrics grpc_server_msg_received_total)"
+			t.ops = etcdOps(s.et.Port)
+		case "mysql":
+			t.pid, t.counter = s.md.PID(), "statements (SHOW GLOBAL STATUS Questions)"
+			t.ops = mysqlOps(db.url)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: counting operations: %w", db.name, err)
+		}
+		if closeOps != nil {
+			defer closeOps()
+		}
+		targets = append(targets, t)
 	}
-	defer closeOps()
-	alone, crowd, err := waiting(work, wl, mg.URL, serverMeter{pid: mg.PID(), ops: ops})
-	if err != nil {
-		return fmt.Errorf("waiting on mongodb: %w", err)
-	}
-	printWaiting([]string{waitingRow("mongodb", alone, crowd)})
-	return nil
+	return waitingTable(work, wl, targets)
 }
 
 type summary struct{ median, p90, cpu float64 } // seconds; cpu: mean user + sys

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,9 +12,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/withlock/withlock/internal/testenv"
 )
 
 // Waiting cost (issue 21): one holder, and waiters withlocks waiting for
@@ -122,31 +128,189 @@ func waiting(work, wl, url string, m serverMeter) (alone, crowd waitCost, err er
 	return alone, crowd, err
 }
 
-// cpuTime is a process's user + system CPU time, from /proc/PID/stat.
+// cpuTime is the user + system CPU time of a server: its process and
+// every descendant (PostgreSQL's backends, one per connection), with the
+// children they have reaped, from /proc/PID/stat.
 func cpuTime(pid int) (time.Duration, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	procs, err := allStats()
 	if err != nil {
 		return 0, err
 	}
-	// The command name (field 2) may hold spaces; the fields after it
-	// count from its closing parenthesis. utime and stime are fields 14
-	// and 15, in clock ticks.
-	s := string(data)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, s)
+	if _, ok := procs[pid]; !ok {
+		return 0, fmt.Errorf("no process %d", pid)
 	}
-	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
-	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, s)
+	var ticks int64
+	tree := map[int]bool{pid: true}
+	for changed := true; changed; {
+		changed = false
+		for p, st := range procs {
+			if !tree[p] && tree[st.ppid] {
+				tree[p], changed = true, true
+			}
+		}
 	}
-	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+	for p := range tree {
+		ticks += procs[p].ticks
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}
+
+type procStat struct {
+	ppid  int
+	ticks int64 // utime + stime + cutime + cstime
+}
+
+// allStats reads /proc/PID/stat of every process.
+func allStats() (map[int]procStat, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	procs := map[int]procStat{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// The command name (field 2) may hold spaces; the fields after it
+		// count from its closing parenthesis. ppid is field 4; utime,
+		// stime, cutime and cstime are fields 14 to 17, in clock ticks.
+		s := string(data)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 15 {
+			return nil, fmt.Errorf("/proc/%d/stat: %q", pid, s)
+		}
+		st := procStat{}
+		st.ppid, _ = strconv.Atoi(f[1])
+		for _, v := range f[11:15] {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("/proc/%d/stat: %q", pid, s)
+			}
+			st.ticks += n
+		}
+		procs[pid] = st
+	}
+	return procs, nil
 }
 
 // clockTicks is the kernel's USER_HZ, the unit of /proc/PID/stat's times:
 // 100 on every Linux architecture Go supports.
 const clockTicks = 100
+
+// A waitTarget is one backend's server as the waiting figure measures
+// it: its URL, its process, and an operation counter of its own.
+type waitTarget struct {
+	name, url string
+	pid       int
+	counter   string // what ops counts, for the table
+	ops       func() (int64, error)
+}
+
+// postgresOps counts the transactions of every database of a PostgreSQL
+// server (pg_stat_database: xact_commit + xact_rollback). A statement is a
+// transaction of its own unless the client opens one; each backend
+// reports its counts when it goes idle, at most once a second.
+func postgresOps(url string) (func() (int64, error), func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, nil, err
+	}
+	count := func() (int64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var n int64
+		err := c.QueryRow(ctx, "select sum(xact_commit + xact_rollback)::bigint from pg_stat_database").Scan(&n)
+		return n, err
+	}
+	return count, func() { c.Close(context.Background()) }, nil
+}
+
+// redisOps counts the commands a Redis server has processed (INFO stats:
+// total_commands_processed).
+func redisOps(url string) (func() (int64, error), func(), error) {
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := redis.NewClient(o)
+	count := func() (int64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		info, err := c.Info(ctx, "stats").Result()
+		if err != nil {
+			return 0, err
+		}
+		_, v, ok := strings.Cut(info, "total_commands_processed:")
+		if !ok {
+			return 0, fmt.Errorf("redis INFO stats has no total_commands_processed")
+		}
+		v, _, _ = strings.Cut(v, "\r\n")
+		return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	}
+	return count, func() { c.Close() }, nil
+}
+
+// etcdOps counts the gRPC messages an etcd server has received, over every
+// method (its /metrics: grpc_server_msg_received_total): one per unary
+// call, one per message of a stream (a watch's, a lease's keep-alives).
+func etcdOps(port int) func() (int64, error) {
+	return func() (int64, error) {
+		c := &http.Client{Timeout: 10 * time.Second}
+		defer c.CloseIdleConnections()
+		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return 0, err
+		}
+		var n float64
+		found := false
+		for line := range strings.Lines(string(body)) {
+			if !strings.HasPrefix(line, "grpc_server_msg_received_total{") {
+				continue
+			}
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				return 0, fmt.Errorf("etcd /metrics: %q", line)
+			}
+			n += v
+			found = true
+		}
+		if !found {
+			return 0, fmt.Errorf("etcd /metrics has no grpc_server_msg_received_total")
+		}
+		return int64(n), nil
+	}
+}
+
+// mysqlOps counts the statements clients have sent a MySQL or MariaDB
+// server (SHOW GLOBAL STATUS: Questions).
+func mysqlOps(url string) func() (int64, error) {
+	return func() (int64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		rows, err := testenv.MySQLExec(ctx, url, "SHOW GLOBAL STATUS LIKE 'Questions'")
+		if err != nil {
+			return 0, err
+		}
+		if len(rows) != 1 {
+			return 0, fmt.Errorf("SHOW GLOBAL STATUS LIKE 'Questions': %q", rows)
+		}
+		_, v, _ := strings.Cut(rows[0], " ")
+		return strconv.ParseInt(v, 10, 64)
+	}
+}
 
 // mongoOps counts the commands a MongoDB-wire server has answered (its
 // serverStatus metrics; the serverStatus commands themselves excluded).
@@ -179,16 +343,23 @@ func mongoOps(url string) (func() (int64, error), func(), error) {
 	return count, func() { c.Disconnect(context.Background()) }, nil
 }
 
-// printWaiting prints the waiting figure's table.
-func printWaiting(rows []string) {
-	fmt.Printf("\n## Waiting: one holder and %d waiters on one NAME, the server process over %s\n\n", waiters, window)
-	fmt.Println("| backend | server CPU, holder alone | server CPU, holder and waiters | operations/s per waiter |")
-	fmt.Println("|---|---:|---:|---:|")
-	for _, r := range rows {
-		fmt.Println(r)
+// waitingTable measures every target in turn and prints the table. The
+// file backend has no server: its waiters sleep in flock(2).
+func waitingTable(work, wl string, targets []waitTarget) error {
+	fmt.Printf("\n## Waiting: one holder and %d waiters on one NAME, the server process over %s, from %s after the last waiter began to wait\n\n", waiters, window, settle)
+	fmt.Println("| backend | server CPU, holder alone | server CPU, holder and waiters | CPU per waiter | operations/s per waiter | operations counted |")
+	fmt.Println("|---|---:|---:|---:|---:|---|")
+	for _, t := range targets {
+		if t.ops == nil {
+			fmt.Printf("| %s | – | – | – | – | no server: waiters sleep in flock(2) |\n", t.name)
+			continue
+		}
+		alone, crowd, err := waiting(work, wl, t.url, serverMeter{pid: t.pid, ops: t.ops})
+		if err != nil {
+			return fmt.Errorf("waiting on %s: %w", t.name, err)
+		}
+		fmt.Printf("| %s | %.1f%% | %.1f%% | %.2f%% | %.2f | %s |\n", t.name, 100*alone.cpu, 100*crowd.cpu,
+			100*(crowd.cpu-alone.cpu)/waiters, (crowd.ops-alone.ops)/waiters, t.counter)
 	}
-}
-
-func waitingRow(name string, alone, crowd waitCost) string {
-	return fmt.Sprintf("| %s | %.1f%% | %.1f%% | %.2f |", name, 100*alone.cpu, 100*crowd.cpu, (crowd.ops-alone.ops)/waiters)
+	return nil
 }
