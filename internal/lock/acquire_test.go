@@ -269,8 +269,8 @@ func TestAcquirePollsHeld(t *testing.T) {
 
 // TestAcquirePollsSlowerLater: a long wait polls fast for its first second
 // (a lock held briefly changes hands at once), then slower, so that it
-// costs the server little, but never slower than every 700 ms, which keeps
-// a hand-off within SPEC §3's second. Sleeps can only be longer than asked
+// costs the server little (every 525-700 ms), but never slower than every
+// 700 ms, which keeps a hand-off within SPEC §3's second. Sleeps can only be longer than asked
 // on a busy machine, so the slow polls' lower bound is exact.
 func TestAcquirePollsSlowerLater(t *testing.T) {
 	t.Parallel()
@@ -304,8 +304,8 @@ func TestAcquirePollsSlowerLater(t *testing.T) {
 			continue
 		}
 		slow++
-		if gap < waitPoll/2 {
-			t.Errorf("attempt %d came %v after the one before, %v into the wait; want at least %v once the first second is over", i, gap, calls[i-1].Sub(calls[0]), waitPoll/2)
+		if gap < waitPoll*3/4 {
+			t.Errorf("attempt %d came %v after the one before, %v into the wait; want at least %v once the first second is over", i, gap, calls[i-1].Sub(calls[0]), waitPoll*3/4)
 		}
 	}
 	if fast == 0 {
