@@ -39,6 +39,7 @@ const (
 var (
 	onlyWaiting  = flag.Bool("waiting", false, "measure only what waiters cost the server")
 	waitBackends = flag.String("backends", "file,postgres,redis,mongodb,etcd,mysql", "with -waiting: the backends measured, comma-separated")
+	onlyHandoff  = flag.Bool("handoff", false, "measure only the hand-off table")
 	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
 )
 
@@ -153,49 +154,51 @@ func run() error {
 
 	fmt.Printf("# withlock benchmarks\n\n%s, %d cores, %s; withlock binary %s\n\n", cpuModel(), numCPU(), time.Now().UTC().Format("2006-01-02"), size(wl))
 
-	// Overhead: locking around `true`, uncontended.
-	var over []contender
-	over = append(over, contender{"true", []string{"true"}})
-	over = append(over, contender{"static Go hello-world", []string{hello}})
-	over = append(over, contender{"withlock version", []string{wl, "version"}})
-	over = append(over, contender{"flock FILE true", []string{"flock", flockFile, "true"}})
-	for _, db := range dbs {
-		over = append(over, contender{"withlock " + db.name, []string{wl, "--db", db.url, "bench", "--", "true"}})
+	if !*onlyHandoff {
+		// Overhead: locking around `true`, uncontended.
+		var over []contender
+		over = append(over, contender{"true", []string{"true"}})
+		over = append(over, contender{"static Go hello-world", []string{hello}})
+		over = append(over, contender{"withlock version", []string{wl, "version"}})
+		over = append(over, contender{"flock FILE true", []string{"flock", flockFile, "true"}})
+		for _, db := range dbs {
+			over = append(over, contender{"withlock " + db.name, []string{wl, "--db", db.url, "bench", "--", "true"}})
+		}
+		floor := func(url string) []string {
+			return []string{psql, url, "-c", "select pg_advisory_lock(1); select pg_advisory_unlock(1)"}
+		}
+		over = append(over,
+			contender{"withlock postgres, server with TLS", []string{wl, "--db", pgTLSURL, "bench", "--", "true"}},
+			contender{"withlock postgres, sslmode=disable", []string{wl, "--db", pg.URL, "bench", "--", "true"}},
+			contender{"psql floor", floor(pgURL)},
+			contender{"psql floor, server with TLS", floor(pgTLSURL)},
+			contender{"mysql client floor", mysqlClient("SELECT GET_LOCK('bench', 0); SELECT RELEASE_LOCK('bench')")},
+			contender{"npm withlock (postgres)", []string{npmWithlock, "bench", "--db", pgURL, "--", "true"}},
+			contender{"etcdctl lock (etcd)", etcdctl("bench", "true")},
+		)
+		stats, err := hyperfine(work, over)
+		if err != nil {
+			return err
+		}
+		flockMed, psqlMed := stats["flock FILE true"].median, stats["psql floor"].median
+		fmt.Printf("## Overhead: whole-process wall time of locking around `true` (%d runs after warm-up)\n\n", overheadRuns)
+		fmt.Println("| contender | median | p90 | CPU (user+sys, mean) | ÷ flock | ÷ psql floor |")
+		fmt.Println("|---|---:|---:|---:|---:|---:|")
+		for _, c := range over {
+			s := stats[c.name]
+			fmt.Printf("| %s | %s | %s | %s | %.2f× | %.2f× |\n", c.name, ms(s.median), ms(s.p90), ms(s.cpu), s.median/flockMed, s.median/psqlMed)
+		}
+		ratio := func(a, b string) float64 { return stats[a].median / stats[b].median }
+		cpuRatio := func(a, b string) float64 { return stats[a].cpu / stats[b].cpu }
+		npm, wpg := stats["npm withlock (postgres)"], stats["withlock postgres"]
+		fmt.Printf("\nnpm withlock ÷ withlock postgres: %.1f× wall, %.1f× CPU\n", npm.median/wpg.median, npm.cpu/wpg.cpu)
+		fmt.Printf("withlock postgres ÷ psql floor: %.2f× wall, %.2f× CPU; with TLS: %.2f× wall, %.2f× CPU\n",
+			ratio("withlock postgres", "psql floor"), cpuRatio("withlock postgres", "psql floor"),
+			ratio("withlock postgres, server with TLS", "psql floor, server with TLS"), cpuRatio("withlock postgres, server with TLS", "psql floor, server with TLS"))
+		fmt.Printf("withlock version ÷ static Go hello-world: %.2f×\n", ratio("withlock version", "static Go hello-world"))
+		fmt.Printf("withlock file ÷ flock: %.2f×\n", ratio("withlock file", "flock FILE true"))
+		fmt.Printf("withlock mysql ÷ mysql client floor: %.2f×\n\n", stats["withlock mysql"].median/stats["mysql client floor"].median)
 	}
-	floor := func(url string) []string {
-		return []string{psql, url, "-c", "select pg_advisory_lock(1); select pg_advisory_unlock(1)"}
-	}
-	over = append(over,
-		contender{"withlock postgres, server with TLS", []string{wl, "--db", pgTLSURL, "bench", "--", "true"}},
-		contender{"withlock postgres, sslmode=disable", []string{wl, "--db", pg.URL, "bench", "--", "true"}},
-		contender{"psql floor", floor(pgURL)},
-		contender{"psql floor, server with TLS", floor(pgTLSURL)},
-		contender{"mysql client floor", mysqlClient("SELECT GET_LOCK('bench', 0); SELECT RELEASE_LOCK('bench')")},
-		contender{"npm withlock (postgres)", []string{npmWithlock, "bench", "--db", pgURL, "--", "true"}},
-		contender{"etcdctl lock (etcd)", etcdctl("bench", "true")},
-	)
-	stats, err := hyperfine(work, over)
-	if err != nil {
-		return err
-	}
-	flockMed, psqlMed := stats["flock FILE true"].median, stats["psql floor"].median
-	fmt.Printf("## Overhead: whole-process wall time of locking around `true` (%d runs after warm-up)\n\n", overheadRuns)
-	fmt.Println("| contender | median | p90 | CPU (user+sys, mean) | ÷ flock | ÷ psql floor |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|")
-	for _, c := range over {
-		s := stats[c.name]
-		fmt.Printf("| %s | %s | %s | %s | %.2f× | %.2f× |\n", c.name, ms(s.median), ms(s.p90), ms(s.cpu), s.median/flockMed, s.median/psqlMed)
-	}
-	ratio := func(a, b string) float64 { return stats[a].median / stats[b].median }
-	cpuRatio := func(a, b string) float64 { return stats[a].cpu / stats[b].cpu }
-	npm, wpg := stats["npm withlock (postgres)"], stats["withlock postgres"]
-	fmt.Printf("\nnpm withlock ÷ withlock postgres: %.1f× wall, %.1f× CPU\n", npm.median/wpg.median, npm.cpu/wpg.cpu)
-	fmt.Printf("withlock postgres ÷ psql floor: %.2f× wall, %.2f× CPU; with TLS: %.2f× wall, %.2f× CPU\n",
-		ratio("withlock postgres", "psql floor"), cpuRatio("withlock postgres", "psql floor"),
-		ratio("withlock postgres, server with TLS", "psql floor, server with TLS"), cpuRatio("withlock postgres, server with TLS", "psql floor, server with TLS"))
-	fmt.Printf("withlock version ÷ static Go hello-world: %.2f×\n", ratio("withlock version", "static Go hello-world"))
-	fmt.Printf("withlock file ÷ flock: %.2f×\n", ratio("withlock file", "flock FILE true"))
-	fmt.Printf("withlock mysql ÷ mysql client floor: %.2f×\n\n", stats["withlock mysql"].median/stats["mysql client floor"].median)
 
 	// Hand-off: the holder's command exits -> the waiter's command starts.
 	fmt.Printf("## Hand-off: holder's command exits → waiter's command starts (%d trials)\n\n", handoffTrials)
@@ -241,6 +244,9 @@ func run() error {
 	}
 	for _, n := range order {
 		fmt.Printf("| %s | %s | %s | %.2f× |\n", n, ms(hand[n].median), ms(hand[n].p90), hand[n].median/hand["flock"].median)
+	}
+	if *onlyHandoff {
+		return nil
 	}
 
 	// Contention: contenders processes, each acquiring in turn around a critical
