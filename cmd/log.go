@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // newLogger returns the logger for withlock's own messages on w: one line
@@ -90,7 +91,9 @@ const shortSecret = 6
 func (r *redactor) Write(p []byte) (int, error) {
 	s := string(p)
 	for _, secret := range r.secrets {
-		if len(secret) >= shortSecret {
+		// A secret that is not UTF-8 (?password=%D2) cannot be a regexp, and
+		// is hidden wherever it stands.
+		if len(secret) >= shortSecret || !utf8.ValidString(secret) {
 			s = strings.ReplaceAll(s, secret, "xxxxx")
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -89,11 +90,27 @@ func Reason(err error) string {
 	return err.Error()
 }
 
-// Redact returns rawURL with any password replaced by "xxxxx", for messages.
+// Redact returns rawURL with any password (of the user part, or a
+// password= option, in any case) replaced by "xxxxx", for messages. A value
+// that does not parse as a URL with a scheme is not shown at all: where a
+// password stands in it cannot be known ("postgres//u:pw@db", a typo, has
+// no scheme, and its user part is just path).
 func Redact(rawURL string) string {
 	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "(unparsable URL)"
+	if err != nil || u.Scheme == "" {
+		return "(not shown: not a URL)"
 	}
+	q := u.Query()
+	hid := false
+	for k := range q {
+		if strings.EqualFold(k, "password") {
+			q[k] = []string{"xxxxx"}
+			hid = true
+		}
+	}
+	if hid {
+		u.RawQuery = q.Encode()
+	}
+	u.Fragment, u.RawFragment = "", ""
 	return u.Redacted()
 }

@@ -56,7 +56,8 @@ func Open(rawURL string, opts Options) (*Client, error) {
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Scheme == "" {
-		return nil, Errorf(ErrUsage, "%q is not a URL; %s", Redact(rawURL), schemesHint())
+		// Not shown: where a password stands in it cannot be known.
+		return nil, Errorf(ErrUsage, "the backend URL is not a URL of the form scheme://...; %s", schemesHint())
 	}
 	scheme := strings.ToLower(u.Scheme)
 	registryMu.Lock()
