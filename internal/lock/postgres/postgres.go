@@ -315,19 +315,22 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 // learns of it at its next check. "offset 0" keeps each subquery from being
 // merged into the one around it, so that the checks read the session before
 // the lock and the mark change it, and the time is read after the lock is
-// granted. These checks are the same in every mode; %s is the mode's lock.
+// granted. These checks are the same in every mode; %[1]s is the mode's lock.
 //
 // Its first value is the holder's record ($5; see record.go), so that
 // pg_stat_activity shows it from the moment the statement starts. Columns:
 // the record, pid, standby, why the session is shared (or null), the lock
 // (null: not attempted; 0 or, for a semaphore, the slot: taken; negative:
-// not taken, see semTrySQL), the server's time after the lock, and the
-// release of whatever a failed semaphore attempt took on its way.
+// not taken, see semTrySQL), the server's time after the lock, the
+// release of whatever a failed semaphore attempt took on its way, the
+// session's mark, and the server-side bound (boundSQL; %[2]s is the
+// parameter that holds the ttl in milliseconds).
 const lockSQL = `select $5::text as withlock, x.pid, x.standby, x.shared, x.v, clock_timestamp(),
 	case when x.v < 0 then pg_advisory_unlock_all() end,
-	set_config('withlock.session', $3, false)
+	set_config('withlock.session', $3, false),
+	case when x.v >= 0 then ` + boundSQL + ` end
 from (select s.*, case when s.standby or s.shared is not null or s.pid <> all($4::int8[]) then null
-		else %s end as v
+		else %[1]s end as v
 	from (select pg_backend_pid() as pid, pg_is_in_recovery() as standby,
 			case when coalesce(current_setting('withlock.session', true), '') not in ('', $3)
 				then 'another connection had used this server session'
@@ -342,15 +345,48 @@ from (select s.*, case when s.standby or s.shared is not null or s.pid <> all($4
 // acquireSlot.
 var lockSQLs = map[lock.Mode][2]string{
 	lock.Exclusive: {
-		fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock($1::int4, $2::int4) then 0 else -1 end"),
-		fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock($1::int4, $2::int4))"),
+		fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock($1::int4, $2::int4) then 0 else -1 end", "$6"),
+		fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock($1::int4, $2::int4))", "$6"),
 	},
 	lock.Shared: {
-		fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock_shared($1::int4, $2::int4) then 0 else -1 end"),
-		fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock_shared($1::int4, $2::int4))"),
+		fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock_shared($1::int4, $2::int4) then 0 else -1 end", "$6"),
+		fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock_shared($1::int4, $2::int4))", "$6"),
 	},
-	lock.Semaphore: {fmt.Sprintf(lockSQL, semTrySQL)},
+	lock.Semaphore: {fmt.Sprintf(lockSQL, semTrySQL, "$11")}, // after semTrySQL's five
 }
+
+// boundSQL is SPEC §5's server-side bound, set on the session once it holds
+// the lock: the server ends the session, and with it the lock, once
+// withlock has been silent for the ttl (%[2]s, in milliseconds), so that a
+// holder that is frozen or partitioned away does not keep the lock for the
+// others until the server notices a dead client (hours, with default
+// keepalives). Every timer below starts at or after the last statement
+// withlock sent, and withlock has stopped its command by ttl after the last
+// check that succeeded (lock.Held), so the session ends after the command,
+// never before:
+//
+//   - idle_session_timeout (PostgreSQL 14 and later): the session ends after
+//     ttl without a statement. The keep loop's checks come every ttl/3, and
+//     none runs in a transaction, to which the timeout would not apply. It
+//     alone ends the session of a frozen holder, whose kernel still
+//     answers TCP;
+//   - tcp_user_timeout (PostgreSQL 12 and later): the connection ends when
+//     what the server sent stays unacknowledged for ttl;
+//   - TCP keepalives: probes from ttl/2 of silence on, every ttl/6, three
+//     unanswered end the connection (at least 1s each, rounded up): the
+//     bound of a partition on servers before 14.
+//
+// A setting the server does not have is skipped (current_setting(..., true)
+// is null), not an error, so that older servers still grant the lock. Its
+// value: idle_session_timeout as set, or null when the server has none.
+const boundSQL = `(select case when current_setting('idle_session_timeout', true) is not null
+			then set_config('idle_session_timeout', %[2]s::int8::text, false) end
+		from (select case when current_setting('tcp_user_timeout', true) is not null
+				then set_config('tcp_user_timeout', %[2]s::int8::text, false) end,
+			set_config('tcp_keepalives_idle', greatest(1, ceil(%[2]s::int8 / 2000.0))::int8::text, false),
+			set_config('tcp_keepalives_interval', greatest(1, ceil(%[2]s::int8 / 6000.0))::int8::text, false),
+			set_config('tcp_keepalives_count', '3', false)
+			offset 0) k)`
 
 // maxProbes bounds the connections of one attempt behind a pooler.
 const maxProbes = 4
@@ -395,15 +431,17 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 		if sem != nil {
 			args = append(args, sem.n, sem.mark(), sem.markHi, sem.markMid, sem.slotBase)
 		}
+		args = append(args, b.opts.TTL.Milliseconds())
 		var (
 			pid     int64
 			standby bool
 			shared  *string
 			v       *int64
 			at      time.Time
+			idle    *string // idle_session_timeout as set; see boundSQL
 		)
 		b.cancelOnServer.Store(wait)
-		err = conn.QueryRow(ctx, sql, args...).Scan(nil, &pid, &standby, &shared, &v, &at, nil, nil)
+		err = conn.QueryRow(ctx, sql, args...).Scan(nil, &pid, &standby, &shared, &v, &at, nil, nil, &idle)
 		b.cancelOnServer.Store(false)
 		switch {
 		case err != nil && wait && ctx.Err() != nil:
@@ -442,6 +480,10 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 			return nil, blocked{waitMark}
 		case *v < 0:
 			return nil, lock.ErrHeld
+		}
+		if idle == nil {
+			b.opts.Log.Debug("the server has no idle_session_timeout (PostgreSQL before 14): only TCP keepalives end the session of a holder that stops answering",
+				"backend", "postgres", "addr", b.addr)
 		}
 		l := &lease{b: b, conn: conn, k1: k1, k2: k2, mode: mode, sem: sem, slot: int(*v), pid: pid, token: b.token, record: b.record(name, &at)}
 		if b.pooled {
