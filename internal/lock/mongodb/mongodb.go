@@ -245,6 +245,12 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	return &backend{uri: u.String(), dbName: db, addr: strings.Join(cs.Hosts, ","), wSet: cs.WNumberSet || cs.WString != "", opts: opts, keep: keep, spare: spare}, nil
 }
 
+// quiet is a driver log sink that drops everything.
+type quiet struct{}
+
+func (quiet) Info(int, string, ...any)    {}
+func (quiet) Error(error, string, ...any) {}
+
 // connect creates the client on first use; the driver then keeps its
 // connections up by itself.
 func (b *backend) connect() error {
@@ -261,7 +267,11 @@ func (b *backend) connect() error {
 		SetRetryReads(false).
 		// The newest document must come from the server that takes the
 		// writes; a secondary's may be old.
-		SetReadPreference(readpref.Primary())
+		SetReadPreference(readpref.Primary()).
+		// The driver logs on stderr by itself when $MONGODB_LOG_ALL (or
+		// another $MONGODB_LOG_*) is set; withlock's stderr is its own,
+		// and what goes wrong reaches us as errors anyway.
+		SetLoggerOptions(options.Logger().SetSink(quiet{}))
 	if !b.wSet {
 		// A lease that a failover could roll back is no lock.
 		co.SetWriteConcern(writeconcern.Majority())
