@@ -132,15 +132,14 @@ func expectStatus() {
 	os.Exit(0)
 }
 
-// ownStatus says whether withlock exits with status n for an outcome of its
-// own, so that its stderr is all its own: usage (64), unavailable (69),
-// lost (70, the command stopped), not acquired (75), a command that could
-// not start (126, 127), or a signal's (128+). Other statuses are a
-// command's, whose stderr passes through (SPEC §4). (A lost lock's command
-// and a signalled one may have written to stderr too; the scripts'
-// commands in those cases do not.)
+// ownStatus says whether withlock exits with status n only when the
+// command never ran, so that its stderr is all withlock's own: usage (64),
+// unavailable (69), not acquired (75), a command that could not start
+// (126, 127). After others the command ran, and its stderr passes through
+// (SPEC §4): its own status, a lost lock (70; a shell says "Terminated"),
+// a signal (128+).
 func ownStatus(n int) bool {
-	return n == 64 || n == 69 || n == 70 || n == 75 || n == 126 || n == 127 || n > 128
+	return n == 64 || n == 69 || n == 75 || n == 126 || n == 127
 }
 
 // isFlag says whether args hold flag followed by value.

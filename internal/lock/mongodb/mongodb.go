@@ -124,6 +124,7 @@ package mongodb
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/url"
@@ -136,6 +137,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/auth"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 
 	"github.com/withlock/withlock/internal/lock"
 )
@@ -456,7 +458,35 @@ func (b *backend) classify(ctx context.Context, err error) error {
 	if ctx.Err() == nil && refused(err) {
 		return lock.Errorf(lock.ErrRefused, "mongodb at %s refused: %s", b.addr, err)
 	}
+	if tlsErr := tlsRefusal(err); tlsErr != nil {
+		return lock.Errorf(lock.ErrRefused, "mongodb at %s: %v", b.addr, tlsErr)
+	}
 	return lock.Unreachable("mongodb at "+b.addr, reason(err))
+}
+
+// tlsRefusal finds in a server selection error a server's TLS answer that
+// trying again will not change: a certificate we do not trust (signed by
+// an unknown CA, for another host name, expired) or a peer that does not
+// speak TLS. The driver keeps it as the server's last error and reports the
+// selection as timed out. A handshake that was cut or timed out is not one.
+func tlsRefusal(err error) error {
+	var sel topology.ServerSelectionError
+	if !errors.As(err, &sel) {
+		return nil
+	}
+	for _, s := range sel.Desc.Servers {
+		var (
+			verify *tls.CertificateVerificationError
+			header tls.RecordHeaderError
+		)
+		switch {
+		case errors.As(s.LastError, &verify):
+			return verify
+		case errors.As(s.LastError, &header):
+			return header
+		}
+	}
+	return nil
 }
 
 // refused reports whether err is the server's answer that will not change
