@@ -575,9 +575,10 @@ func cmdPgsql(ts *testscript.TestScript, neg bool, args []string) {
 // closing connections. Redis, MongoDB, etcd and MySQL scripts have one from
 // the start; for PostgreSQL the first "server start" creates a cluster and
 // points $DB at it (the shared one must not be stopped), and sets
-// $DBHOSTPORT to its address ($DBPORT to its port). "server tls" gives a PostgreSQL server a
-// certificate for 127.0.0.1 signed by a test CA, $CACERT, and turns ssl on
-// (plaintext still works); for the others see serverTLS.
+// $DBHOSTPORT to its address ($DBPORT to its port). "server tls" gives a
+// PostgreSQL server a certificate for 127.0.0.1 signed by a test CA,
+// $CACERT, and turns ssl on (plaintext still works); for the others see
+// serverTLS.
 func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 	st := ts.Value(stateKey{}).(*scriptState)
 	if neg || len(args) != 1 {
