@@ -1,14 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	stdjson "encoding/json"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	osexec "os/exec"
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -78,6 +82,10 @@ func holdTransaction() {
 // stdio passed through, forwards the usual signals to it (so that "kill" of
 // a background "exec status ..." reaches PROG), and exits 0 if PROG exited
 // with status N, else 1. testscript's exec only tells zero from non-zero.
+// When PROG is withlock and N one of its own statuses (ownStatus), it also
+// fails if withlock's stderr holds a line that is not withlock's own: a
+// driver's logger writing there, say. Every failure a script provokes
+// through "exec status" is checked so.
 func expectStatus() {
 	if len(os.Args) < 3 {
 		fmt.Fprintln(os.Stderr, "usage: status N PROG [ARG...]")
@@ -90,6 +98,11 @@ func expectStatus() {
 	}
 	c := osexec.Command(os.Args[2], os.Args[3:]...)
 	c.Stdin, c.Stdout, c.Stderr = os.Stdin, os.Stdout, os.Stderr
+	var stderr bytes.Buffer
+	checked := filepath.Base(os.Args[2]) == "withlock" && ownStatus(want)
+	if checked {
+		c.Stderr = io.MultiWriter(os.Stderr, &stderr)
+	}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH)
 	if err := c.Start(); err != nil {
@@ -110,7 +123,53 @@ func expectStatus() {
 		fmt.Fprintf(os.Stderr, "status: %s exited %d, want %d\n", os.Args[2], got, want)
 		os.Exit(1)
 	}
+	if checked {
+		if line, ok := onlyOwnLines(stderr.String(), slices.Contains(os.Args, "--log-format=json") || isFlag(os.Args, "--log-format", "json")); !ok {
+			fmt.Fprintf(os.Stderr, "status: withlock's stderr has a line that is not its own (SPEC §8): %q\n", line)
+			os.Exit(1)
+		}
+	}
 	os.Exit(0)
+}
+
+// ownStatus says whether withlock exits with status n only when the
+// command never ran, so that its stderr is all withlock's own: usage (64),
+// unavailable (69), not acquired (75), a command that could not start
+// (126, 127). After others the command ran, and its stderr passes through
+// (SPEC §4): its own status, a lost lock (70; a shell says "Terminated"),
+// a signal (128+).
+func ownStatus(n int) bool {
+	return n == 64 || n == 69 || n == 75 || n == 126 || n == 127
+}
+
+// isFlag says whether args hold flag followed by value.
+func isFlag(args []string, flag, value string) bool {
+	for i, a := range args[:len(args)-1] {
+		if a == flag && args[i+1] == value {
+			return true
+		}
+	}
+	return false
+}
+
+// onlyOwnLines checks that every line of stderr is withlock's own (SPEC
+// §8): prefixed "withlock: ", or with json a JSON object with time, level
+// and msg. It returns the first line that is not.
+func onlyOwnLines(stderr string, json bool) (string, bool) {
+	for _, line := range strings.Split(strings.TrimSuffix(stderr, "\n"), "\n") {
+		if line == "" && stderr == "" {
+			break
+		}
+		if !json && strings.HasPrefix(line, "withlock: ") {
+			continue
+		}
+		var m map[string]any
+		if json && stdjson.Unmarshal([]byte(line), &m) == nil && m["time"] != nil && m["level"] != nil && m["msg"] != nil {
+			continue
+		}
+		return line, false
+	}
+	return "", true
 }
 
 // buildWithlock builds the withlock binary as a user gets it (static, no
@@ -511,12 +570,15 @@ func cmdPgsql(ts *testscript.TestScript, neg bool, args []string) {
 	}
 }
 
-// server start|stop|pause|resume|tls: the script's own server; pause freezes it
-// (SIGSTOP), so that it stops answering without closing connections. Redis,
-// MongoDB and etcd scripts have one from the start; for PostgreSQL the first "server start" creates
-// a cluster and points $DB at it (the shared one must not be stopped), and
-// sets $DBHOSTPORT to its address. "server tls" gives a PostgreSQL server a
-// self-signed certificate and turns ssl on; $ROOTCERT is the certificate.
+// server start|stop|pause|resume|tls|tls-clientcert: the script's own
+// server; pause freezes it (SIGSTOP), so that it stops answering without
+// closing connections. Redis, MongoDB, etcd and MySQL scripts have one from
+// the start; for PostgreSQL the first "server start" creates a cluster and
+// points $DB at it (the shared one must not be stopped), and sets
+// $DBHOSTPORT to its address ($DBPORT to its port). "server tls" gives a
+// PostgreSQL server a certificate for 127.0.0.1 signed by a test CA,
+// $CACERT, and turns ssl on (plaintext still works); for the others see
+// serverTLS.
 func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 	st := ts.Value(stateKey{}).(*scriptState)
 	if neg || len(args) != 1 {
@@ -531,6 +593,7 @@ func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 		st.server = pg
 		ts.Setenv("DB", pg.URL)
 		ts.Setenv("DBHOSTPORT", fmt.Sprintf("127.0.0.1:%d", pg.Port))
+		ts.Setenv("DBPORT", strconv.Itoa(pg.Port))
 		return
 	}
 	f, canFreeze := st.server.(freezer)
@@ -547,10 +610,53 @@ func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 	case args[0] == "tls" && isPostgres:
 		root, err := pg.EnableTLS()
 		ts.Check(err)
-		ts.Setenv("ROOTCERT", root)
+		ts.Setenv("CACERT", root)
+	case args[0] == "tls" || args[0] == "tls-clientcert":
+		serverTLS(ts, st, args[0] == "tls-clientcert")
 	default:
-		ts.Fatalf("usage: server start|stop|pause|resume|tls (pause and resume: Redis, MongoDB, etcd; tls: PostgreSQL)")
+		ts.Fatalf("usage: server start|stop|pause|resume|tls|tls-clientcert (pause and resume: Redis, MongoDB, etcd; tls-clientcert: Redis)")
 	}
+}
+
+// serverTLS replaces the script's own server by a new one that speaks TLS
+// only, with a certificate for 127.0.0.1 (not localhost) signed by a CA of
+// its own, $CACERT. $TLSPORT is its port; $DB is unchanged (the old server's
+// URL, now closed). With clientCerts (Redis only) the server refuses clients
+// without a certificate signed by its CA; $CLIENTCERT and $CLIENTKEY are one.
+func serverTLS(ts *testscript.TestScript, st *scriptState, clientCerts bool) {
+	var next server
+	var ca string
+	var port int
+	switch old := st.server.(type) {
+	case *testenv.Redis:
+		r, err := testenv.StartRedisWith(testenv.RedisOptions{TLS: true, ClientCerts: clientCerts, Password: "s3cret-pw"})
+		ts.Check(err)
+		next, ca, port = r, r.CertFile, r.Port
+		ts.Setenv("CLIENTCERT", filepath.Join(r.Dir, "server.crt"))
+		ts.Setenv("CLIENTKEY", filepath.Join(r.Dir, "server.key"))
+	case *testenv.Mongo:
+		m, err := testenv.StartMongoWith(testenv.MongoOptions{TLS: true})
+		ts.Check(err)
+		next, ca, port = m, m.CertFile, m.Port
+	case *testenv.Etcd:
+		e, err := testenv.StartEtcdWith(testenv.EtcdOptions{TLS: true})
+		ts.Check(err)
+		next, ca, port = e, e.CertFile, e.Port
+	case *testenv.MariaDB:
+		m, err := testenv.StartMariaDBWith(testenv.MariaDBOptions{TLS: true})
+		ts.Check(err)
+		next, ca, port = m, m.CertFile, m.Port
+	default:
+		ts.Fatalf("server tls: not for %T", old)
+	}
+	if _, isRedis := next.(*testenv.Redis); clientCerts && !isRedis {
+		next.Close()
+		ts.Fatalf("server tls-clientcert: Redis only")
+	}
+	st.server.Close()
+	st.server = next
+	ts.Setenv("CACERT", ca)
+	ts.Setenv("TLSPORT", strconv.Itoa(port))
 }
 
 // standby starts a hot standby of the script's own PostgreSQL server ("server

@@ -59,7 +59,7 @@ func StartEtcdWith(o EtcdOptions) (*Etcd, error) {
 	scheme := "http"
 	if o.TLS {
 		scheme = "https"
-		if e.CertFile, err = writeCerts(e.Dir, nil, "127.0.0.1", "localhost"); err != nil {
+		if e.CertFile, err = writeCerts(e.Dir, nil, "127.0.0.1"); err != nil {
 			e.Close()
 			return nil, err
 		}

@@ -86,7 +86,7 @@ func StartMariaDBWith(o MariaDBOptions) (*MariaDB, error) {
 		return nil, fmt.Errorf("testenv: copy the MariaDB template: %v: %s", err, out)
 	}
 	if o.TLS {
-		if m.CertFile, err = writeCerts(m.Dir, inst.asUser, "127.0.0.1", "localhost"); err != nil {
+		if m.CertFile, err = writeCerts(m.Dir, inst.asUser, "127.0.0.1"); err != nil {
 			m.Close()
 			return nil, err
 		}

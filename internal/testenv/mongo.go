@@ -29,14 +29,24 @@ var ErrNoMongo = errors.New("testenv: cannot build the MongoDB-wire test server 
 type Mongo struct {
 	*proc        // Dir: data/ holds the SQLite databases
 	Port  int    // the same across Stop and Start
-	URL   string // mongodb://127.0.0.1:PORT/
+	URL   string // mongodb://127.0.0.1:PORT/, with TLS ?tls=true (no CA)
+	// CertFile, with TLS, is the CA that signed the server's certificate.
+	CertFile string
+}
+
+// MongoOptions say how [StartMongoWith] starts a server.
+type MongoOptions struct {
+	TLS bool // TLS only, with a certificate for 127.0.0.1 only
 }
 
 // StartMongo starts a new server on a free port. The caller must Close it.
 // The first call in a process finds the server binary in the user's cache
 // (withlock-testenv/ferretdb-KEY, KEY a hash of the module's sources) or
 // builds it there, which takes about a minute.
-func StartMongo() (*Mongo, error) {
+func StartMongo() (*Mongo, error) { return StartMongoWith(MongoOptions{}) }
+
+// StartMongoWith is [StartMongo] with the options o.
+func StartMongoWith(o MongoOptions) (*Mongo, error) {
 	bin, err := ferretdbBinary()
 	if err != nil {
 		return nil, err
@@ -46,10 +56,19 @@ func StartMongo() (*Mongo, error) {
 		return nil, err
 	}
 	m := &Mongo{proc: proc}
+	if o.TLS {
+		if m.CertFile, err = writeCerts(m.Dir, nil, "127.0.0.1"); err != nil {
+			m.Close()
+			return nil, err
+		}
+	}
 	ready := filepath.Join(m.Dir, "ready")
 	proc.command = func() *exec.Cmd {
 		os.Remove(ready)
 		cmd := exec.Command(bin, "-dir", "data", "-port", strconv.Itoa(m.Port), "-ready-file", ready, "-grace", "100ms")
+		if o.TLS {
+			cmd.Args = append(cmd.Args, "-tls-cert", "server.crt", "-tls-key", "server.key")
+		}
 		cmd.Stdin = keepOpen() // it exits when its stdin ends
 		return cmd
 	}
@@ -67,13 +86,19 @@ func StartMongo() (*Mongo, error) {
 		return nil, err
 	}
 	m.URL = "mongodb://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(m.Port)) + "/"
+	if o.TLS {
+		m.URL += "?tls=true"
+	}
 	return m, nil
 }
 
 // RequireMongo is [StartMongo] for t, closed when t ends; if the server
 // cannot be built, t fails under CI and is skipped elsewhere.
-func RequireMongo(t testing.TB) *Mongo {
-	m, err := StartMongo()
+func RequireMongo(t testing.TB) *Mongo { return RequireMongoWith(t, MongoOptions{}) }
+
+// RequireMongoWith is [StartMongoWith] for t.
+func RequireMongoWith(t testing.TB, o MongoOptions) *Mongo {
+	m, err := StartMongoWith(o)
 	return require(t, m, err, ErrNoMongo)
 }
 

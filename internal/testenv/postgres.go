@@ -156,12 +156,12 @@ func Exec(ctx context.Context, url, sql string) ([]string, error) {
 	return lines, err
 }
 
-// EnableTLS gives the server a certificate for 127.0.0.1 and localhost,
+// EnableTLS gives the server a certificate for 127.0.0.1 (not localhost),
 // signed by a new CA, turns ssl on and restarts it (with settings too, if
 // any). Clients may still connect without TLS. It returns the CA's file,
 // for clients' sslrootcert.
 func (p *Postgres) EnableTLS(settings ...string) (caFile string, err error) {
-	ca, err := writeCerts(p.Dir, p.asUser, "127.0.0.1", "localhost")
+	ca, err := writeCerts(p.Dir, p.asUser, "127.0.0.1")
 	if err != nil {
 		return "", err
 	}

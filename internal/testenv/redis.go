@@ -2,10 +2,11 @@ package testenv
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,7 +35,9 @@ type Redis struct {
 	*proc
 	Port int // the same across Stop and Start
 	// URL is redis://127.0.0.1:PORT/0, with :PASSWORD@ if it has one;
-	// rediss:// with TLS.
+	// rediss:// with TLS, without cacert (so that withlock refuses the
+	// server's certificate), and with ClientCerts ?cert=...&key=... naming
+	// the client certificate.
 	URL string
 	// CertFile, with TLS, is the CA that signed the server's certificate,
 	// for clients to trust or, by default, to refuse.
@@ -44,9 +47,13 @@ type Redis struct {
 // RedisOptions say how [StartRedisWith] starts a server; the zero value is
 // [StartRedis]'s.
 type RedisOptions struct {
-	Password  string // requirepass (and masterauth of a replica)
-	TLS       bool   // TLS only, on the port; client certificates not asked for
-	ReplicaOf *Redis // replicaof that server (without TLS)
+	Password string // requirepass (and masterauth of a replica)
+	TLS      bool   // TLS only, on the port, with a certificate for 127.0.0.1 only
+	// ClientCerts, with TLS, makes the server ask for a client certificate
+	// signed by its CA, and refuse clients without one: the server's own
+	// pair (server.crt and server.key in Dir) is one.
+	ClientCerts bool
+	ReplicaOf   *Redis // replicaof that server (without TLS)
 }
 
 // StartRedis starts a new redis-server on a free port without a password.
@@ -70,25 +77,31 @@ func StartRedisWith(o RedisOptions) (*Redis, error) {
 	}
 	r := &Redis{proc: proc}
 	if o.TLS {
-		if r.CertFile, err = writeCerts(r.Dir, nil, "127.0.0.1", "localhost"); err != nil {
+		if r.CertFile, err = writeCerts(r.Dir, nil, "127.0.0.1"); err != nil {
 			r.Close()
 			return nil, err
 		}
 	}
 	proc.command = func() *exec.Cmd {
-		u := url.URL{Scheme: "redis", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(r.Port)), Path: "/0"}
+		u := neturl.URL{Scheme: "redis", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(r.Port)), Path: "/0"}
 		// repl-diskless-sync-delay 0: a replica's first sync starts at once.
 		conf := fmt.Sprintf("bind 127.0.0.1\ndir %q\nsave \"\"\nappendonly no\nrepl-diskless-sync-delay 0\nport %d\n", r.Dir, r.Port)
 		if o.TLS {
 			u.Scheme = "rediss"
-			conf += fmt.Sprintf("port 0\ntls-port %d\ntls-cert-file server.crt\ntls-key-file server.key\ntls-auth-clients no\n", r.Port)
+			conf += fmt.Sprintf("port 0\ntls-port %d\ntls-cert-file server.crt\ntls-key-file server.key\n", r.Port)
+			if o.ClientCerts {
+				conf += "tls-ca-cert-file ca.crt\ntls-auth-clients yes\n"
+				u.RawQuery = neturl.Values{"cert": {filepath.Join(r.Dir, "server.crt")}, "key": {filepath.Join(r.Dir, "server.key")}}.Encode()
+			} else {
+				conf += "tls-auth-clients no\n"
+			}
 		}
 		if o.Password != "" {
-			u.User = url.UserPassword("", o.Password)
+			u.User = neturl.UserPassword("", o.Password)
 			conf += fmt.Sprintf("requirepass %q\n", o.Password)
 		}
 		if p := o.ReplicaOf; p != nil {
-			pw, _ := url.Parse(p.URL)
+			pw, _ := neturl.Parse(p.URL)
 			password, _ := pw.User.Password()
 			conf += fmt.Sprintf("replicaof 127.0.0.1 %d\n", p.Port)
 			if password != "" {
@@ -152,12 +165,31 @@ func RequireRedisWith(t testing.TB, o RedisOptions) *Redis {
 // as "(nil)", an array as its elements' texts, one a line. An error reply is
 // an error with the reply's text.
 func RedisDo(ctx context.Context, url string, args ...string) (string, error) {
-	opts, err := goredis.ParseURL(url)
+	// withlock's own options: cert and key (a client certificate) are
+	// used, cacert is not needed (any certificate is trusted).
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return "", err
+	}
+	q := u.Query()
+	cert, key := q.Get("cert"), q.Get("key")
+	for _, k := range []string{"wait_replicas", "cacert", "cert", "key"} {
+		q.Del(k)
+	}
+	u.RawQuery = q.Encode()
+	opts, err := goredis.ParseURL(u.String())
 	if err != nil {
 		return "", err
 	}
 	if opts.TLSConfig != nil {
 		opts.TLSConfig.InsecureSkipVerify = true // a test's own server
+		if cert != "" {
+			pair, err := tls.LoadX509KeyPair(cert, key)
+			if err != nil {
+				return "", err
+			}
+			opts.TLSConfig.Certificates = []tls.Certificate{pair}
+		}
 	}
 	// RESP2, whose replies are strings, integers and arrays; no retries, no
 	// pool beyond this one connection.

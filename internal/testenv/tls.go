@@ -18,7 +18,11 @@ import (
 
 // writeCerts writes into dir a new CA (ca.crt) and a certificate it signed
 // for hosts (server.crt, server.key, owned by asUser if not nil: servers
-// refuse a key others can read), and returns ca.crt's path.
+// refuse a key others can read), and returns ca.crt's path. The servers'
+// certificates name 127.0.0.1 alone, so that a client that connects to
+// "localhost" meets a certificate for another host name. The certificate
+// is good for client authentication too: a test that makes a server ask
+// for client certificates gives clients the server's own pair.
 func writeCerts(dir string, asUser *syscall.Credential, hosts ...string) (caFile string, err error) {
 	caKey, caDER, err := newCert(nil, nil, "withlock test CA")
 	if err != nil {

@@ -774,3 +774,9 @@ func addUser(t *testing.T, e *testenv.Etcd, name, password, prefix string) {
 		t.Fatalf("add user %s: %v", name, err)
 	}
 }
+
+// TestOneDial: one attempt is one connection; withlock's wait loop, not the
+// driver, tries again.
+func TestOneDial(t *testing.T) {
+	locktest.RunOneDial(t, func(hostport string) string { return "etcd://" + hostport }, nil)
+}

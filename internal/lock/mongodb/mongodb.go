@@ -124,6 +124,7 @@ package mongodb
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/url"
@@ -136,6 +137,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/auth"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 
 	"github.com/withlock/withlock/internal/lock"
 )
@@ -245,6 +247,12 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	return &backend{uri: u.String(), dbName: db, addr: strings.Join(cs.Hosts, ","), wSet: cs.WNumberSet || cs.WString != "", opts: opts, keep: keep, spare: spare}, nil
 }
 
+// quiet is a driver log sink that drops everything.
+type quiet struct{}
+
+func (quiet) Info(int, string, ...any)    {}
+func (quiet) Error(error, string, ...any) {}
+
 // connect creates the client on first use; the driver then keeps its
 // connections up by itself.
 func (b *backend) connect() error {
@@ -261,7 +269,11 @@ func (b *backend) connect() error {
 		SetRetryReads(false).
 		// The newest document must come from the server that takes the
 		// writes; a secondary's may be old.
-		SetReadPreference(readpref.Primary())
+		SetReadPreference(readpref.Primary()).
+		// The driver logs on stderr by itself when $MONGODB_LOG_ALL (or
+		// another $MONGODB_LOG_*) is set; withlock's stderr is its own,
+		// and what goes wrong reaches us as errors anyway.
+		SetLoggerOptions(options.Logger().SetSink(quiet{}))
 	if !b.wSet {
 		// A lease that a failover could roll back is no lock.
 		co.SetWriteConcern(writeconcern.Majority())
@@ -446,7 +458,35 @@ func (b *backend) classify(ctx context.Context, err error) error {
 	if ctx.Err() == nil && refused(err) {
 		return lock.Errorf(lock.ErrRefused, "mongodb at %s refused: %s", b.addr, err)
 	}
+	if tlsErr := tlsRefusal(err); tlsErr != nil {
+		return lock.Errorf(lock.ErrRefused, "mongodb at %s: %v", b.addr, tlsErr)
+	}
 	return lock.Unreachable("mongodb at "+b.addr, reason(err))
+}
+
+// tlsRefusal finds in a server selection error a server's TLS answer that
+// trying again will not change: a certificate we do not trust (signed by
+// an unknown CA, for another host name, expired) or a peer that does not
+// speak TLS. The driver keeps it as the server's last error and reports the
+// selection as timed out. A handshake that was cut or timed out is not one.
+func tlsRefusal(err error) error {
+	var sel topology.ServerSelectionError
+	if !errors.As(err, &sel) {
+		return nil
+	}
+	for _, s := range sel.Desc.Servers {
+		var (
+			verify *tls.CertificateVerificationError
+			header tls.RecordHeaderError
+		)
+		switch {
+		case errors.As(s.LastError, &verify):
+			return verify
+		case errors.As(s.LastError, &header):
+			return header
+		}
+	}
+	return nil
 }
 
 // refused reports whether err is the server's answer that will not change

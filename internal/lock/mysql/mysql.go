@@ -170,7 +170,9 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 // parseURL turns mysql://user:password@host[:port]/[database][?tls=...]
 // into the driver's configuration. tls takes the driver's values: true
 // (verified), skip-verify, preferred (TLS if the server offers it,
-// unverified) or false (the default, as the driver's).
+// unverified) or false (the default, as the driver's). cacert (the CA to
+// verify the server with, instead of the system's), cert and key (a client
+// certificate) are withlock's, as for Redis and etcd; they imply tls=true.
 func parseURL(u *url.URL) (*gomysql.Config, error) {
 	c := gomysql.NewConfig()
 	c.Net = "tcp"
@@ -201,17 +203,34 @@ func parseURL(u *url.URL) (*gomysql.Config, error) {
 			default:
 				return nil, lock.Errorf(lock.ErrUsage, "mysql URL: tls must be true, skip-verify, preferred or false, not %q", v)
 			}
+		case "cacert", "cert", "key":
 		default:
-			return nil, lock.Errorf(lock.ErrUsage, "mysql URL: unknown parameter %q; the only one is tls", k)
+			return nil, lock.Errorf(lock.ErrUsage, "mysql URL: unknown parameter %q; there are tls, cacert, cert and key", k)
 		}
+	}
+	files, err := lock.TLSFiles("mysql URL", u.Query())
+	if err != nil {
+		return nil, err
+	}
+	if files != nil {
+		switch {
+		case c.TLSConfig == "":
+			c.TLSConfig = "true" // a CA or a client certificate asks for TLS
+		case c.TLSConfig == "false":
+			return nil, lock.Errorf(lock.ErrUsage, "mysql URL: cacert, cert and key are TLS options, and tls is false")
+		case c.TLSConfig != "true" && files.RootCAs != nil:
+			return nil, lock.Errorf(lock.ErrUsage, "mysql URL: cacert is for verifying the server, and tls=%s verifies nothing; use tls=true", c.TLSConfig)
+		}
+	} else {
+		files = &tls.Config{}
 	}
 	// The driver resolves TLSConfig names when a DSN is parsed; the same,
 	// for a Config made by hand.
 	switch c.TLSConfig {
 	case "true":
-		c.TLS = &tls.Config{ServerName: u.Hostname()}
+		c.TLS = &tls.Config{ServerName: u.Hostname(), RootCAs: files.RootCAs, Certificates: files.Certificates}
 	case "skip-verify", "preferred":
-		c.TLS = &tls.Config{InsecureSkipVerify: true}
+		c.TLS = &tls.Config{InsecureSkipVerify: true, Certificates: files.Certificates}
 		c.AllowFallbackToPlaintext = c.TLSConfig == "preferred"
 	}
 	c.TLSConfig = ""

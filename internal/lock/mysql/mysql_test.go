@@ -556,3 +556,9 @@ func BenchmarkRoundTrip(b *testing.B) {
 	defer bk.Close()
 	locktest.BenchRoundTrip(b, bk)
 }
+
+// TestOneDial: one attempt is one connection; withlock's wait loop, not the
+// driver, tries again.
+func TestOneDial(t *testing.T) {
+	locktest.RunOneDial(t, func(hostport string) string { return "mysql://u:p@" + hostport + "/db" }, nil)
+}

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"net"
@@ -268,4 +269,19 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}
 	defer bk.Close()
 	locktest.BenchRoundTrip(b, bk)
+}
+
+// TestOneDial: one attempt is one connection; withlock's wait loop, not the
+// driver, tries again. pgx follows a connection that failed in its startup
+// with a cancel request (code 80877102; without the server's key data, 12
+// bytes) on a connection of its own: not an attempt to connect.
+func TestOneDial(t *testing.T) {
+	cancelRequest := func(first []byte) bool {
+		return len(first) >= 8 && binary.BigEndian.Uint32(first[4:8]) == 80877102
+	}
+	for _, mode := range []string{"disable", "require"} {
+		t.Run(mode, func(t *testing.T) {
+			locktest.RunOneDial(t, func(hostport string) string { return "postgres://u:p@" + hostport + "/db?sslmode=" + mode }, cancelRequest)
+		})
+	}
 }

@@ -109,7 +109,8 @@ type record struct {
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
-	// wait_replicas is ours; go-redis refuses options it does not know.
+	// wait_replicas, cacert, cert and key are ours; go-redis refuses
+	// options it does not know.
 	q := u.Query()
 	waitReplicas := 0
 	if q.Has("wait_replicas") {
@@ -118,14 +119,25 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 			return nil, lock.Errorf(lock.ErrUsage, "redis URL: wait_replicas must be a whole number of replicas, not %q", q.Get("wait_replicas"))
 		}
 		waitReplicas = n
-		q.Del("wait_replicas")
-		c := *u
-		c.RawQuery = q.Encode()
-		u = &c
 	}
-	ropts, err := goredis.ParseURL(u.String())
+	files, err := lock.TLSFiles("redis URL", q)
+	if err != nil {
+		return nil, err
+	}
+	if files != nil && u.Scheme != "rediss" {
+		return nil, lock.Errorf(lock.ErrUsage, "redis URL: cacert, cert and key are TLS options; use rediss:// for TLS")
+	}
+	for _, k := range []string{"wait_replicas", "cacert", "cert", "key"} {
+		q.Del(k)
+	}
+	c := *u
+	c.RawQuery = q.Encode()
+	ropts, err := goredis.ParseURL(c.String())
 	if err != nil {
 		return nil, lock.Errorf(lock.ErrUsage, "redis URL: %v", err)
+	}
+	if files != nil && ropts.TLSConfig != nil {
+		ropts.TLSConfig.RootCAs, ropts.TLSConfig.Certificates = files.RootCAs, files.Certificates
 	}
 	ropts.DialTimeout = min(maxDial, opts.ConnectTimeout)
 	// Every command is bounded by its context: the wait and keep loops in

@@ -461,3 +461,13 @@ func TestCutConnections(t *testing.T) {
 		})
 	}
 }
+
+// TestOneDial: one attempt is one connection; withlock's wait loop, not the
+// driver, tries again.
+func TestOneDial(t *testing.T) {
+	for _, scheme := range []string{"redis", "rediss"} {
+		t.Run(scheme, func(t *testing.T) {
+			locktest.RunOneDial(t, func(hostport string) string { return scheme + "://" + hostport + "/0" }, nil)
+		})
+	}
+}

@@ -6,6 +6,8 @@
 // It keeps its databases in -dir (created if missing), listens on -port (0: any
 // free port), and once it listens writes the port and a newline to -ready-file
 // (atomically, by rename) and prints "ready mongodb://127.0.0.1:PORT/" on stdout.
+// With -tls-cert and -tls-key the port speaks TLS only (client certificates
+// are not asked for).
 // It exits on INT or TERM and when its stdin reaches EOF, so it never outlives the
 // process holding the write end of its stdin pipe; from a shell, give it a stdin
 // that stays open:
@@ -41,9 +43,11 @@ func main() {
 	readyFile := flag.String("ready-file", "", "file to write the port to once listening")
 	logLevel := flag.String("log-level", "warn", "log level: debug, info, warn or error")
 	grace := flag.Duration("grace", 500*time.Millisecond, "how long to wait for a clean shutdown before exiting anyway")
+	tlsCert := flag.String("tls-cert", "", "serve TLS only, with this certificate (PEM)")
+	tlsKey := flag.String("tls-key", "", "the key of -tls-cert (PEM)")
 	flag.Parse()
-	if *dir == "" || flag.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: ferretdb -dir DIR [-port PORT] [-ready-file FILE] [-log-level LEVEL] [-grace DURATION]")
+	if *dir == "" || flag.NArg() > 0 || (*tlsCert == "") != (*tlsKey == "") {
+		fmt.Fprintln(os.Stderr, "usage: ferretdb -dir DIR [-port PORT] [-ready-file FILE] [-log-level LEVEL] [-grace DURATION] [-tls-cert FILE -tls-key FILE]")
 		os.Exit(2)
 	}
 	var level slog.Level
@@ -66,10 +70,12 @@ func main() {
 	}()
 
 	err := serve(ctx, config{
-		port:   *port,
-		dir:    *dir,
-		logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
-		grace:  *grace,
+		port:    *port,
+		dir:     *dir,
+		logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		grace:   *grace,
+		tlsCert: *tlsCert,
+		tlsKey:  *tlsKey,
 		ready: func(uri string, port int) error {
 			if *readyFile != "" {
 				tmp := *readyFile + ".tmp"
@@ -98,6 +104,8 @@ type config struct {
 	dir    string
 	logger *slog.Logger
 	grace  time.Duration
+	// tlsCert and tlsKey, if set, make the port speak TLS only.
+	tlsCert, tlsKey string
 	// ready is called once the server listens, with its URI and port.
 	ready func(uri string, port int) error
 }
@@ -139,8 +147,12 @@ func serve(ctx context.Context, c config) error {
 
 	// The listener binds in New, so the port is taken (and connections queue)
 	// once New returns.
+	listener := ferretdb.ListenerConfig{TCP: addr}
+	if c.tlsCert != "" {
+		listener = ferretdb.ListenerConfig{TLS: addr, TLSCertFile: c.tlsCert, TLSKeyFile: c.tlsKey}
+	}
 	f, err := ferretdb.New(&ferretdb.Config{
-		Listener:  ferretdb.ListenerConfig{TCP: addr},
+		Listener:  listener,
 		Logger:    c.logger,
 		Handler:   "sqlite",
 		SQLiteURL: sqliteURL.String(),
