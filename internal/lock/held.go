@@ -137,7 +137,11 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 			return
 		default:
 			h.log.Warn("could not confirm the lock; retrying", "err", err)
-			lastErr = err
+			// A Keep cut short by the deadline says only that time ran
+			// out; the error before it says why the checks failed.
+			if lastErr == nil || time.Now().Before(deadline) {
+				lastErr = err
+			}
 			next = time.Now().Add(retry)
 		}
 	}
