@@ -324,6 +324,12 @@ func (b *backend) classify(err error) error {
 	case errors.Is(err, rpctypes.ErrInvalidAuthToken), errors.Is(err, rpctypes.ErrAuthOldRevision):
 		// The client fetched a new token; the next attempt has it.
 		return lock.Errorf(lock.ErrUnavailable, "%s: %s", what, msg)
+	case errors.Is(err, rpctypes.ErrLeaseNotFound) || msg == rpctypes.ErrLeaseNotFound.Error():
+		// The lease an attempt took ran out before the attempt could use
+		// it (the network stalled for longer than the ttl in between): the
+		// next attempt takes a new one. Keep and a waiter's renewal, where
+		// a lease gone means a lock gone, say so before they get here.
+		return lock.Errorf(lock.ErrUnavailable, "%s: the lease this attempt took ran out before it could use it (%s)", what, msg)
 	case errors.Is(err, rpctypes.ErrNoSpace):
 		return lock.Errorf(lock.ErrRefused, "%s is out of space (alarm NOSPACE): compact and defragment it, then disarm the alarm", what)
 	case code == codes.Unavailable && strings.Contains(msg, "handshake failed") && (strings.Contains(msg, "x509:") || strings.Contains(msg, "tls:")):
