@@ -112,9 +112,9 @@ func (m *MariaDB) urlFor(name string) string {
 	return (&url.URL{Scheme: "mysql", User: url.UserPassword(name, MariaDBPassword), Host: m.addr(), Path: "/withlock"}).String()
 }
 
-// MySQLConfig is the go-sql-driver configuration of a
-// mysql://user:password@host:port/db URL, with multiple statements allowed.
-func MySQLConfig(rawURL string) (*mysql.Config, error) {
+// MySQLDB opens a handle on the server of a mysql://user:password@host:port/db
+// URL, with multiple statements allowed. The caller must Close it.
+func MySQLDB(rawURL string) (*sql.DB, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Scheme != "mysql" {
 		return nil, fmt.Errorf("testenv: not a mysql:// URL: %q", rawURL)
@@ -123,7 +123,11 @@ func MySQLConfig(rawURL string) (*mysql.Config, error) {
 	c.Net, c.Addr, c.User, c.DBName = "tcp", u.Host, u.User.Username(), strings.TrimPrefix(u.Path, "/")
 	c.Passwd, _ = u.User.Password()
 	c.MultiStatements, c.Logger = true, &mysql.NopLogger{}
-	return c, nil
+	conn, err := mysql.NewConnector(c)
+	if err != nil {
+		return nil, err
+	}
+	return sql.OpenDB(conn), nil
 }
 
 // MySQLExec runs query (one or more statements) against the server of rawURL
@@ -131,15 +135,10 @@ func MySQLConfig(rawURL string) (*mysql.Config, error) {
 // statement as lines, columns separated by a single space, NULL as "NULL".
 // Errors wrap the driver's, so errors.As finds a *mysql.MySQLError.
 func MySQLExec(ctx context.Context, rawURL, query string) ([]string, error) {
-	c, err := MySQLConfig(rawURL)
+	db, err := MySQLDB(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := mysql.NewConnector(c)
-	if err != nil {
-		return nil, err
-	}
-	db := sql.OpenDB(conn)
 	defer db.Close()
 	rows, err := db.QueryContext(ctx, query)
 	if err != nil {

@@ -2,7 +2,6 @@ package mysql_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -11,8 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
@@ -419,15 +416,10 @@ func TestStatusWithoutPerformanceSchema(t *testing.T) {
 // client would, until t ends.
 func hold(t *testing.T, dbURL, key string) {
 	t.Helper()
-	config, err := testenv.MySQLConfig(dbURL)
+	db, err := testenv.MySQLDB(dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	connector, err := gomysql.NewConnector(config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := sql.OpenDB(connector)
 	t.Cleanup(func() { db.Close() })
 	conn, err := db.Conn(locktest.Context(t))
 	if err != nil {
