@@ -83,8 +83,8 @@ func RequireMongo(t testing.TB, opts ...MongoOptions) *Mongo {
 	return require(t, m, err, ErrNoMongo)
 }
 
-// keepOpen is the read end of a pipe whose write end the test process holds
-// until it exits.
+// keepOpen is the read end of a pipe whose write end (keepOpenW) the test
+// process holds until it exits.
 var keepOpen = sync.OnceValue(func() *os.File {
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -116,9 +116,6 @@ var ferretdbBinary = sync.OnceValues(func() (string, error) {
 		cache = os.TempDir()
 	}
 	bin := filepath.Join(cache, "withlock-testenv", "ferretdb-"+hex.EncodeToString(h.Sum(nil))[:16])
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 		return "", fmt.Errorf("testenv: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -272,7 +273,13 @@ func StartPgBouncer(serverURL, mode string, pool int) (*PgBouncer, error) {
 			server.Hostname(), server.Port(), b.Port, users, b.mode, pool), 0o644)
 		return exec.Command(bin, ini)
 	}
-	proc.ready = proc.dial
+	proc.ready = func() error {
+		c, err := net.Dial("tcp", b.addr())
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
 	if err := proc.launch(false); err != nil {
 		return nil, err
 	}

@@ -149,9 +149,8 @@ func (p *proc) start() error {
 			if time.Now().Before(deadline) {
 				continue
 			}
-			p.kill()
 		}
-		p.cmd = nil
+		p.halt(0, 0)
 		log, _ := os.ReadFile(out.Name())
 		tail := string(log[min(offset, int64(len(log))):])
 		err = fmt.Errorf("testenv: %s not ready: %v; its output:\n%s", filepath.Base(cmd.Path), err, tail)
@@ -187,25 +186,28 @@ func (p *proc) launch(ownPort bool) (err error) {
 	return err
 }
 
-// addr is p's host:port.
 func (p *proc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.Port)) }
 
-// dial is a ready for servers that are ready once they accept connections.
-func (p *proc) dial() error {
-	c, err := net.Dial("tcp", p.addr())
-	if err == nil {
-		c.Close()
+// halt sends the server sig, if not 0, and SIGCONT (in case it is frozen),
+// and waits at most wait for it to exit; then it kills it (SIGKILL works on
+// a frozen server too). It reports whether the server exited by itself.
+func (p *proc) halt(sig syscall.Signal, wait time.Duration) (exited bool) {
+	if p.cmd == nil {
+		return true
 	}
-	return err
-}
-
-// kill kills the server and waits for it; SIGKILL works on a frozen one too.
-func (p *proc) kill() {
-	if p.cmd != nil {
+	if sig != 0 {
+		p.cmd.Process.Signal(sig)
+		p.cmd.Process.Signal(syscall.SIGCONT)
+	}
+	select {
+	case <-p.exited:
+		exited = true
+	case <-time.After(wait):
 		p.cmd.Process.Kill()
 		<-p.exited
-		p.cmd = nil
 	}
+	p.cmd = nil
+	return exited
 }
 
 // Stop shuts the server down, keeping its data and port: Start brings it
@@ -216,16 +218,10 @@ func (p *proc) Stop() error {
 	if p.cmd == nil {
 		return errors.New("testenv: Stop: server not running")
 	}
-	p.cmd.Process.Signal(p.stopSig)
-	p.cmd.Process.Signal(syscall.SIGCONT)
-	select {
-	case <-p.exited:
-		p.cmd = nil
-		return nil
-	case <-time.After(time.Minute):
-		p.kill()
+	if !p.halt(p.stopSig, time.Minute) {
 		return errors.New("testenv: server did not stop within a minute; killed")
 	}
+	return nil
 }
 
 // Start starts the server again after Stop, on the same port with the same
@@ -290,15 +286,10 @@ func (p *proc) PID() int {
 func (p *proc) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmd != nil && p.quitSig != 0 {
-		p.cmd.Process.Signal(p.quitSig)
-		p.cmd.Process.Signal(syscall.SIGCONT)
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-		}
+	if p.quitSig != 0 {
+		p.halt(p.quitSig, 10*time.Second)
 	}
-	p.kill()
+	p.halt(0, 0)
 	p.closed = true
 	if err := os.RemoveAll(p.Dir); err != nil {
 		return fmt.Errorf("testenv: %w", err)
@@ -308,8 +299,8 @@ func (p *proc) Close() error {
 
 // install is where a server that runs from copies of one data directory
 // (PostgreSQL, MariaDB) finds its template, made once per test process, and
-// the OS user it runs as: as root, user, since those servers refuse root, as
-// their packages do. Data directories live on /dev/shm when it is a roomy
+// the OS user it runs as: ours or, as root, the OS user name (newInstall),
+// since those servers refuse root, as their packages do. Data directories live on /dev/shm when it is a roomy
 // tmpfs, where making one takes milliseconds, not a slow disk's seconds.
 type install struct {
 	asUser   *syscall.Credential
@@ -317,15 +308,20 @@ type install struct {
 	template string // the data directory to copy, for init to make
 }
 
-func newInstall(user, kind string) (*install, error) {
+func newInstall(name, kind string) (*install, error) {
 	inst := &install{base: os.TempDir()}
 	var st syscall.Statfs_t
 	if syscall.Statfs("/dev/shm", &st) == nil && st.Type == 0x01021994 && st.Bavail*uint64(st.Bsize) >= 1<<30 {
 		inst.base = "/dev/shm"
 	}
-	var err error
-	if inst.asUser, err = serverUser(user); err != nil {
-		return nil, err
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup(name)
+		if err != nil {
+			return nil, fmt.Errorf("testenv: as root, the server runs as the OS user %s: %w; create it with: useradd --system %s", name, err, name)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		inst.asUser = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
 	tpl, err := newProc(inst.base, kind+"template", inst.asUser, false)
 	if err != nil {
@@ -358,20 +354,6 @@ func (inst *install) run(name string, args ...string) error {
 		return fmt.Errorf("testenv: %s: %w\n%s", filepath.Base(name), err, out)
 	}
 	return nil
-}
-
-// serverUser is nil (ours) or, as root, the OS user name.
-func serverUser(name string) (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup(name)
-	if err != nil {
-		return nil, fmt.Errorf("testenv: as root, the server runs as the OS user %s: %w; create it with: useradd --system %s", name, err, name)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
 // findProgram looks name up in PATH, then in dirs (globs, the newest
