@@ -231,7 +231,7 @@ func TestScripts(t *testing.T) {
 		{"redis", func(t *testing.T) { testenv.RequireRedis(t) }, func(e *testscript.Env) (string, server, error) {
 			// ~15ms: one per script. With a password, so that every script
 			// also checks that it never shows.
-			r, err := testenv.StartRedisWithPassword("s3cret-pw")
+			r, err := testenv.StartRedis(testenv.RedisOptions{Password: "s3cret-pw"})
 			if err != nil {
 				return "", nil, err
 			}
@@ -629,21 +629,21 @@ func serverTLS(ts *testscript.TestScript, st *scriptState, clientCerts bool) {
 	var port int
 	switch old := st.server.(type) {
 	case *testenv.Redis:
-		r, err := testenv.StartRedisWith(testenv.RedisOptions{TLS: true, ClientCerts: clientCerts, Password: "s3cret-pw"})
+		r, err := testenv.StartRedis(testenv.RedisOptions{TLS: true, ClientCerts: clientCerts, Password: "s3cret-pw"})
 		ts.Check(err)
 		next, ca, port = r, r.CertFile, r.Port
 		ts.Setenv("CLIENTCERT", filepath.Join(r.Dir, "server.crt"))
 		ts.Setenv("CLIENTKEY", filepath.Join(r.Dir, "server.key"))
 	case *testenv.Mongo:
-		m, err := testenv.StartMongoWith(testenv.MongoOptions{TLS: true})
+		m, err := testenv.StartMongo(testenv.MongoOptions{TLS: true})
 		ts.Check(err)
 		next, ca, port = m, m.CertFile, m.Port
 	case *testenv.Etcd:
-		e, err := testenv.StartEtcdWith(testenv.EtcdOptions{TLS: true})
+		e, err := testenv.StartEtcd(testenv.EtcdOptions{TLS: true})
 		ts.Check(err)
 		next, ca, port = e, e.CertFile, e.Port
 	case *testenv.MariaDB:
-		m, err := testenv.StartMariaDBWith(testenv.MariaDBOptions{TLS: true})
+		m, err := testenv.StartMariaDB(testenv.MariaDBOptions{TLS: true})
 		ts.Check(err)
 		next, ca, port = m, m.CertFile, m.Port
 	default:
@@ -838,7 +838,7 @@ func cmdReplica(ts *testscript.TestScript, neg bool, args []string) {
 		u, err := url.Parse(primary.URL)
 		ts.Check(err)
 		pw, _ := u.User.Password()
-		r, err := testenv.StartRedisWith(testenv.RedisOptions{Password: pw, ReplicaOf: primary})
+		r, err := testenv.StartRedis(testenv.RedisOptions{Password: pw, ReplicaOf: primary})
 		ts.Check(err)
 		st.replica = r
 		ts.Setenv("REPLICA", r.URL)

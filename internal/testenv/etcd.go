@@ -25,45 +25,31 @@ var ErrNoEtcd = errors.New("testenv: etcd or etcdctl not found in PATH; install 
 // Etcd is a running throwaway single-member etcd on 127.0.0.1. Its keys and
 // leases survive Stop and Start, as a real etcd's do. With a heartbeat of
 // 10ms and an election timeout of 100ms it elects itself within a fraction
-// of a second, and its smallest lease is 1s.
+// of a second, and its smallest lease is 1s. Its URL is
+// etcd://127.0.0.1:PORT, or etcds://127.0.0.1:PORT?cacert=CertFile.
 type Etcd struct {
 	*proc
-	Port     int    // client port, the same across Stop and Start
 	Endpoint string // 127.0.0.1:PORT, as etcdctl --endpoints takes it
-	// URL is etcd://127.0.0.1:PORT, or etcds://127.0.0.1:PORT?cacert=CertFile.
-	URL      string
-	CertFile string // with TLS, the CA that signed the server's certificate
 	Root     string // root's password, once a test turned authentication on; Client uses it
 }
 
-// EtcdOptions say how [StartEtcdWith] starts a server.
+// EtcdOptions say how [StartEtcd] starts a server.
 type EtcdOptions struct {
 	TLS bool // the client port speaks only TLS; client certificates not asked for
 }
 
 // StartEtcd starts a new etcd on free ports, ready (it has elected itself).
-// The caller must Close it.
-func StartEtcd() (*Etcd, error) { return StartEtcdWith(EtcdOptions{}) }
-
-// StartEtcdWith is [StartEtcd] with the options o.
-func StartEtcdWith(o EtcdOptions) (*Etcd, error) {
+func StartEtcd(opts ...EtcdOptions) (*Etcd, error) {
+	o := append(opts, EtcdOptions{})[0]
 	bin := findProgram("etcd")
 	if bin == "" || findProgram("etcdctl") == "" {
 		return nil, ErrNoEtcd
 	}
-	proc, err := newProc(os.TempDir(), "etcd", nil)
+	proc, err := newProc(os.TempDir(), "etcd", nil, o.TLS)
 	if err != nil {
 		return nil, err
 	}
 	e := &Etcd{proc: proc}
-	scheme := "http"
-	if o.TLS {
-		scheme = "https"
-		if e.CertFile, err = writeCerts(e.Dir, nil, "127.0.0.1"); err != nil {
-			e.Close()
-			return nil, err
-		}
-	}
 	peerPort := 0
 	proc.command = func() *exec.Cmd {
 		if peerPort == 0 { // the member's data names its peer URL: one for good
@@ -71,7 +57,7 @@ func StartEtcdWith(o EtcdOptions) (*Etcd, error) {
 			peerPort = l.Addr().(*net.TCPAddr).Port
 			l.Close()
 		}
-		client := fmt.Sprintf("%s://127.0.0.1:%d", scheme, e.Port)
+		client := e.clientURL()
 		peer := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
 		cmd := exec.Command(bin, "--name", "withlock", "--data-dir", "data", "--listen-client-urls", client,
 			"--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -96,11 +82,10 @@ func StartEtcdWith(o EtcdOptions) (*Etcd, error) {
 		}
 		return err
 	}
-	if err := proc.startOnFreePort(func(port int) { e.Port = port }); err != nil {
-		e.Close()
+	if err := proc.launch(false); err != nil {
 		return nil, err
 	}
-	e.Endpoint = net.JoinHostPort("127.0.0.1", strconv.Itoa(e.Port))
+	e.Endpoint = e.addr()
 	e.URL = "etcd://" + e.Endpoint
 	if o.TLS {
 		e.URL = "etcds://" + e.Endpoint + "?cacert=" + e.CertFile
@@ -108,25 +93,25 @@ func StartEtcdWith(o EtcdOptions) (*Etcd, error) {
 	return e, nil
 }
 
-// RequireEtcd is [StartEtcd] for t, closed when t ends; without etcd and
-// etcdctl, t fails under CI and is skipped elsewhere.
-func RequireEtcd(t testing.TB) *Etcd { return RequireEtcdWith(t, EtcdOptions{}) }
-
-// RequireEtcdWith is [StartEtcdWith] for t.
-func RequireEtcdWith(t testing.TB, o EtcdOptions) *Etcd {
-	e, err := StartEtcdWith(o)
+// RequireEtcd is [StartEtcd] for t.
+func RequireEtcd(t testing.TB, opts ...EtcdOptions) *Etcd {
+	e, err := StartEtcd(opts...)
 	return require(t, e, err, ErrNoEtcd)
+}
+
+// clientURL is the address of the client port, http or, with TLS, https.
+func (e *Etcd) clientURL() string {
+	if e.CertFile != "" {
+		return "https://" + e.addr()
+	}
+	return "http://" + e.addr()
 }
 
 // get reads path from the client port (its HTTP side).
 func (e *Etcd) get(path string) (string, error) {
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	defer c.CloseIdleConnections()
-	scheme := "http"
-	if e.CertFile != "" {
-		scheme = "https"
-	}
-	resp, err := c.Get(fmt.Sprintf("%s://127.0.0.1:%d%s", scheme, e.Port, path))
+	resp, err := c.Get(e.clientURL() + path)
 	if err != nil {
 		return "", err
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,47 +20,34 @@ import (
 var ErrNoMongo = errors.New("testenv: cannot build the MongoDB-wire test server (FerretDB, internal/testenv/ferretdb): it needs the go command in PATH and, the first time, the Go module proxy; run scripts/test-deps to build it ahead")
 
 // Mongo is a running throwaway MongoDB-wire server on 127.0.0.1: FerretDB v1
-// with its SQLite handler, built from the module internal/testenv/ferretdb,
-// whose TestFacts shows where it differs from MongoDB in ways a lease lock
-// cares about (only inserts are atomic; no $$NOW, $expr, update pipelines,
-// TTL indexes or transactions; credentials need ?authMechanism=PLAIN and are
-// not checked).
-type Mongo struct {
-	*proc        // Dir: data/ holds the SQLite databases
-	Port  int    // the same across Stop and Start
-	URL   string // mongodb://127.0.0.1:PORT/, with TLS ?tls=true (no CA)
-	// CertFile, with TLS, is the CA that signed the server's certificate.
-	CertFile string
-}
+// with its SQLite handler (in Dir/data), built from the module
+// internal/testenv/ferretdb, whose TestFacts shows where it differs from
+// MongoDB in ways a lease lock cares about (only inserts are atomic; no
+// $$NOW, $expr, update pipelines, TTL indexes or transactions; credentials
+// need ?authMechanism=PLAIN and are not checked). Its URL is
+// mongodb://127.0.0.1:PORT/, with TLS ?tls=true (no CA).
+type Mongo struct{ *proc }
 
-// MongoOptions say how [StartMongoWith] starts a server.
+// MongoOptions say how [StartMongo] starts a server.
 type MongoOptions struct {
 	TLS bool // TLS only, with a certificate for 127.0.0.1 only
 }
 
-// StartMongo starts a new server on a free port. The caller must Close it.
-// The first call in a process finds the server binary in the user's cache
+// StartMongo starts a new server on a free port. The first call in a
+// process finds the server binary in the user's cache
 // (withlock-testenv/ferretdb-KEY, KEY a hash of the module's sources) or
 // builds it there, which takes about a minute.
-func StartMongo() (*Mongo, error) { return StartMongoWith(MongoOptions{}) }
-
-// StartMongoWith is [StartMongo] with the options o.
-func StartMongoWith(o MongoOptions) (*Mongo, error) {
+func StartMongo(opts ...MongoOptions) (*Mongo, error) {
+	o := append(opts, MongoOptions{})[0]
 	bin, err := ferretdbBinary()
 	if err != nil {
 		return nil, err
 	}
-	proc, err := newProc(os.TempDir(), "mongo", nil)
+	proc, err := newProc(os.TempDir(), "mongo", nil, o.TLS)
 	if err != nil {
 		return nil, err
 	}
 	m := &Mongo{proc: proc}
-	if o.TLS {
-		if m.CertFile, err = writeCerts(m.Dir, nil, "127.0.0.1"); err != nil {
-			m.Close()
-			return nil, err
-		}
-	}
 	ready := filepath.Join(m.Dir, "ready")
 	proc.command = func() *exec.Cmd {
 		os.Remove(ready)
@@ -81,29 +67,24 @@ func StartMongoWith(o MongoOptions) (*Mongo, error) {
 		}
 		return err
 	}
-	if err := proc.Start(); err != nil {
-		m.Close()
+	if err := proc.launch(true); err != nil {
 		return nil, err
 	}
-	m.URL = "mongodb://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(m.Port)) + "/"
+	m.URL = "mongodb://" + m.addr() + "/"
 	if o.TLS {
 		m.URL += "?tls=true"
 	}
 	return m, nil
 }
 
-// RequireMongo is [StartMongo] for t, closed when t ends; if the server
-// cannot be built, t fails under CI and is skipped elsewhere.
-func RequireMongo(t testing.TB) *Mongo { return RequireMongoWith(t, MongoOptions{}) }
-
-// RequireMongoWith is [StartMongoWith] for t.
-func RequireMongoWith(t testing.TB, o MongoOptions) *Mongo {
-	m, err := StartMongoWith(o)
+// RequireMongo is [StartMongo] for t.
+func RequireMongo(t testing.TB, opts ...MongoOptions) *Mongo {
+	m, err := StartMongo(opts...)
 	return require(t, m, err, ErrNoMongo)
 }
 
-// keepOpen is the read end of a pipe whose write end the test process holds
-// until it exits.
+// keepOpen is the read end of a pipe whose write end (keepOpenW) the test
+// process holds until it exits.
 var keepOpen = sync.OnceValue(func() *os.File {
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -135,9 +116,6 @@ var ferretdbBinary = sync.OnceValues(func() (string, error) {
 		cache = os.TempDir()
 	}
 	bin := filepath.Join(cache, "withlock-testenv", "ferretdb-"+hex.EncodeToString(h.Sum(nil))[:16])
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 		return "", fmt.Errorf("testenv: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,13 +48,9 @@ var NPMDir = sync.OnceValues(func() (string, error) {
 // is skipped elsewhere.
 func RequireNPM(t testing.TB) string {
 	dir, err := NPMDir()
-	require(t, nopCloser{}, err, ErrNoNode)
+	require(t, io.NopCloser(nil), err, ErrNoNode)
 	return dir
 }
-
-type nopCloser struct{}
-
-func (nopCloser) Close() error { return nil }
 
 // npmInstalled says whether npm finished installing (it writes
 // node_modules/.package-lock.json last) the locked version of advisory-lock.

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,50 +30,47 @@ const (
 // binaries are installed. Its message says how to install them.
 var ErrNoPostgres = errors.New("testenv: PostgreSQL server binaries (initdb, postgres, pg_basebackup) not found in PATH or /usr/lib/postgresql/*/bin; install them with: apt-get install postgresql (or run scripts/test-deps as root)")
 
-// Postgres is a running throwaway cluster on 127.0.0.1. Stop, Start, Pause,
-// Resume and Close act on its postmaster.
+// Postgres is a running throwaway cluster on 127.0.0.1 (in Dir/data; Dir is
+// also its unix socket directory). Stop, Start, Pause, Resume and Close act
+// on its postmaster. URL connects as the superuser with a password, without
+// TLS: postgres://withlock:secret@127.0.0.1:PORT/postgres?sslmode=disable
 type Postgres struct {
-	*proc     // Dir: data/ is the cluster; also the unix socket directory
-	Port  int // on 127.0.0.1, the same across Stop and Start
-	// URL connects as the superuser with a password, without TLS:
-	// postgres://withlock:secret@127.0.0.1:PORT/postgres?sslmode=disable
-	URL string
-
+	*proc
 	conf string // settings added by Configure
 }
 
-// StartPostgres starts a new cluster on a free port. The caller must Close
-// it. Clusters are copies of one made by initdb once per test process; as
-// root, they run as the OS user postgres, since the server refuses root.
+// StartPostgres starts a new cluster on a free port. Clusters are copies of
+// one made by initdb once per test process.
 func StartPostgres() (*Postgres, error) {
-	inst, err := pgInstall()
+	p, err := newPostgres(true)
 	if err != nil {
 		return nil, err
 	}
-	p, err := newPostgres(inst)
-	if err != nil {
-		return nil, err
-	}
-	if out, err := exec.Command("cp", "-a", filepath.Join(inst.template, "data"), p.Dir).CombinedOutput(); err != nil {
-		p.Close()
-		return nil, fmt.Errorf("testenv: copy the template cluster: %v: %s", err, out)
-	}
-	if err := p.startOnFreePort(func(port int) { p.Port = port }); err != nil {
-		p.Close()
+	if err := p.launch(false); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// RequirePostgres is [StartPostgres] for t, closed when t ends; without
-// PostgreSQL, t fails under CI and is skipped elsewhere.
+// RequirePostgres is [StartPostgres] for t.
 func RequirePostgres(t testing.TB) *Postgres {
 	p, err := StartPostgres()
 	return require(t, p, err, ErrNoPostgres)
 }
 
-func newPostgres(inst *postgresInstall) (*Postgres, error) {
-	proc, err := newProc(inst.base, "pg", inst.asUser)
+// newPostgres makes a cluster's directory, with a copy of the template if
+// fromTemplate (not for a standby).
+func newPostgres(fromTemplate bool) (*Postgres, error) {
+	inst, err := pgInstall()
+	if err != nil {
+		return nil, err
+	}
+	var proc *proc
+	if fromTemplate {
+		proc, err = inst.newProc("pg", false)
+	} else {
+		proc, err = newProc(inst.base, "pg", inst.asUser, false)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -99,8 +95,7 @@ func newPostgres(inst *postgresInstall) (*Postgres, error) {
 }
 
 func (p *Postgres) urlFor(db string) string {
-	u := url.URL{Scheme: "postgres", User: url.UserPassword(PostgresUser, PostgresPassword),
-		Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(p.Port)), Path: "/" + db, RawQuery: "sslmode=disable"}
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(PostgresUser, PostgresPassword), Host: p.addr(), Path: "/" + db, RawQuery: "sslmode=disable"}
 	return u.String()
 }
 
@@ -142,18 +137,23 @@ func Exec(ctx context.Context, url, sql string) ([]string, error) {
 	var lines []string
 	for _, r := range results {
 		for _, row := range r.Rows {
-			cols := make([]string, len(row))
-			for i, v := range row {
-				cols[i] = string(v)
-				if v == nil {
-					cols[i] = "NULL"
-				}
-			}
-			lines = append(lines, strings.Join(cols, " "))
+			lines = append(lines, textRow(row))
 		}
 		err = errors.Join(err, r.Err)
 	}
 	return lines, err
+}
+
+// textRow is a row's columns separated by a space, NULL as "NULL".
+func textRow[B ~[]byte](row []B) string {
+	cols := make([]string, len(row))
+	for i, v := range row {
+		cols[i] = string(v)
+		if v == nil {
+			cols[i] = "NULL"
+		}
+	}
+	return strings.Join(cols, " ")
 }
 
 // EnableTLS gives the server a certificate for 127.0.0.1 (not localhost),
@@ -161,13 +161,12 @@ func Exec(ctx context.Context, url, sql string) ([]string, error) {
 // any). Clients may still connect without TLS. It returns the CA's file,
 // for clients' sslrootcert.
 func (p *Postgres) EnableTLS(settings ...string) (caFile string, err error) {
-	ca, err := writeCerts(p.Dir, p.asUser, "127.0.0.1")
-	if err != nil {
+	if p.CertFile, err = writeCerts(p.Dir, p.asUser); err != nil {
 		return "", err
 	}
 	// Absolute paths, so that a standby made later serves the same ones.
 	settings = append([]string{"ssl = on", fmt.Sprintf("ssl_cert_file = '%s/server.crt'\nssl_key_file = '%s/server.key'", p.Dir, p.Dir)}, settings...)
-	return ca, p.Configure(strings.Join(settings, "\n"))
+	return p.CertFile, p.Configure(strings.Join(settings, "\n"))
 }
 
 // StartStandby makes a hot standby of p as a user would, with pg_basebackup
@@ -181,90 +180,74 @@ func (p *Postgres) StartStandby() (*Postgres, error) {
 			return nil, err
 		}
 	}
-	inst, _ := pgInstall()
-	s, err := newPostgres(inst)
+	s, err := newPostgres(false)
 	if err != nil {
 		return nil, err
 	}
 	s.conf = p.conf // a standby's settings must match its primary's
-	cmd := exec.Command(inst.basebackup, "-D", filepath.Join(s.Dir, "data"), "-R", "-X", "stream", "-c", "fast",
-		"-d", fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s", p.Port, PostgresUser, PostgresPassword))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: inst.asUser}
-	if out, err := cmd.CombinedOutput(); err != nil {
+	inst, _ := pgInstall()
+	if err := inst.run(inst.basebackup, "-D", filepath.Join(s.Dir, "data"), "-R", "-X", "stream", "-c", "fast",
+		"-d", fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s", p.Port, PostgresUser, PostgresPassword)); err != nil {
 		s.Close()
-		return nil, fmt.Errorf("testenv: pg_basebackup: %w\n%s", err, out)
+		return nil, err
 	}
-	if err := s.startOnFreePort(func(port int) { s.Port = port }); err != nil {
-		s.Close()
+	if err := s.launch(false); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// postgresInstall is the server's binaries, the OS user it runs as, and the
-// test process's template cluster.
-type postgresInstall struct {
-	postgres, basebackup string
-	asUser               *syscall.Credential
-	base                 string // where clusters live
-	template             string // a proc directory whose data/ initdb made
-}
-
-var pgInstall = sync.OnceValues(func() (*postgresInstall, error) {
+// pgInstall finds the server's binaries and makes the template cluster.
+var pgInstall = sync.OnceValues(func() (*pgInstallation, error) {
 	initdb, _ := filepath.EvalSymlinks(findProgram("initdb", "/usr/lib/postgresql/*/bin"))
 	bin := filepath.Dir(initdb) // postgres and pg_basebackup are next to the real initdb
-	inst := &postgresInstall{postgres: filepath.Join(bin, "postgres"), basebackup: filepath.Join(bin, "pg_basebackup"), base: dataBase()}
-	if initdb == "" || findProgram(inst.postgres) == "" {
+	postgres := filepath.Join(bin, "postgres")
+	if initdb == "" || findProgram(postgres) == "" {
 		return nil, ErrNoPostgres
 	}
-	var err error
-	if inst.asUser, err = serverUser("postgres"); err != nil {
-		return nil, err
-	}
-	tpl, err := newProc(inst.base, "pgtemplate", inst.asUser)
+	inst, err := newInstall("postgres", "pg")
 	if err != nil {
 		return nil, err
 	}
-	inst.template = tpl.Dir
-	pwfile := filepath.Join(tpl.Dir, "pwfile")
+	pwfile := filepath.Join(filepath.Dir(inst.template), "pwfile")
 	os.WriteFile(pwfile, []byte(PostgresPassword), 0o644)
-	cmd := exec.Command(initdb, "-D", filepath.Join(tpl.Dir, "data"), "--pwfile", pwfile, "-U", PostgresUser,
-		"--auth=scram-sha-256", "-E", "UTF8", "--locale=C", "--no-sync")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: inst.asUser}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("testenv: initdb: %w\n%s", err, out)
+	if err := inst.run(initdb, "-D", inst.template, "--pwfile", pwfile, "-U", PostgresUser,
+		"--auth=scram-sha-256", "-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
+		return nil, err
 	}
 	// Settings for fast, disposable clusters: durability does not matter.
-	conf, err := os.OpenFile(filepath.Join(tpl.Dir, "data", "postgresql.conf"), os.O_WRONLY|os.O_APPEND, 0)
+	conf, err := os.OpenFile(filepath.Join(inst.template, "postgresql.conf"), os.O_WRONLY|os.O_APPEND, 0)
 	if err == nil {
 		_, err = conf.WriteString("listen_addresses = '127.0.0.1'\nmax_connections = 200\nshared_buffers = 16MB\n" +
 			"fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nwal_level = minimal\nmax_wal_senders = 0\n" +
 			"autovacuum = off\nlc_messages = 'C'\ninclude_if_exists = 'withlock.conf'\n")
 		conf.Close()
 	}
-	return inst, err
+	return &pgInstallation{inst, postgres, filepath.Join(bin, "pg_basebackup")}, err
 })
+
+type pgInstallation struct {
+	*install
+	postgres, basebackup string
+}
 
 // ErrNoPgBouncer is returned by [StartPgBouncer] when pgbouncer is not
 // installed. Its message says how to install it.
 var ErrNoPgBouncer = errors.New("testenv: pgbouncer not found in PATH or /usr/sbin; install it with: apt-get install pgbouncer (or run scripts/test-deps as root)")
 
-// PgBouncer is a running pgbouncer on 127.0.0.1 in front of a [Postgres].
+// PgBouncer is a running pgbouncer on 127.0.0.1 in front of a [Postgres]
+// (Dir holds pgbouncer.ini and userlist.txt). Its URL is the server URL
+// given to StartPgBouncer with pgbouncer's address in place of the server's,
+// and without sslmode (libpq's default, prefer; this pgbouncer has no TLS).
 type PgBouncer struct {
-	*proc // Dir holds pgbouncer.ini and userlist.txt
-	Port  int
-	// URL is the server URL given to StartPgBouncer with pgbouncer's address
-	// in place of the server's, and without sslmode (libpq's default, prefer;
-	// this pgbouncer has no TLS).
-	URL string
-
+	*proc
 	mode string
 }
 
 // StartPgBouncer starts pgbouncer with pool_mode mode (session, transaction
 // or statement) and default_pool_size pool in front of the server of
 // serverURL, a URL of a [Postgres] (user PostgresUser). Any database name
-// reaches the server's database of that name. The caller must Close it.
+// reaches the server's database of that name.
 func StartPgBouncer(serverURL, mode string, pool int) (*PgBouncer, error) {
 	bin := findProgram("pgbouncer", "/usr/sbin")
 	inst, err := pgInstall() // pgbouncer refuses root too: it runs as the servers do
@@ -275,7 +258,7 @@ func StartPgBouncer(serverURL, mode string, pool int) (*PgBouncer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("testenv: %w", err)
 	}
-	proc, err := newProc(os.TempDir(), "pgbouncer", inst.asUser)
+	proc, err := newProc(os.TempDir(), "pgbouncer", inst.asUser, false)
 	if err != nil {
 		return nil, err
 	}
@@ -291,26 +274,23 @@ func StartPgBouncer(serverURL, mode string, pool int) (*PgBouncer, error) {
 		return exec.Command(bin, ini)
 	}
 	proc.ready = func() error {
-		c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(b.Port)))
+		c, err := net.Dial("tcp", b.addr())
 		if err == nil {
 			c.Close()
 		}
 		return err
 	}
-	if err := proc.startOnFreePort(func(port int) { b.Port = port }); err != nil {
-		b.Close()
+	if err := proc.launch(false); err != nil {
 		return nil, err
 	}
-	u := *server
-	u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(b.Port))
-	q := u.Query()
+	u, q := *server, server.Query()
 	q.Del("sslmode")
-	u.RawQuery = q.Encode()
+	u.Host, u.RawQuery = b.addr(), q.Encode()
 	b.URL = u.String()
 	return b, nil
 }
 
-// RequirePgBouncer is [StartPgBouncer] for t, closed when t ends.
+// RequirePgBouncer is [StartPgBouncer] for t.
 func RequirePgBouncer(t testing.TB, serverURL, mode string, pool int) *PgBouncer {
 	b, err := StartPgBouncer(serverURL, mode, pool)
 	return require(t, b, err, ErrNoPgBouncer)
@@ -330,7 +310,7 @@ func (b *PgBouncer) SetPoolMode(mode string) error {
 	b.command() // writes the configuration
 	b.mu.Unlock()
 	before := reloads()
-	if _, err := b.signal(syscall.SIGHUP); err != nil {
+	if err := b.signal(syscall.SIGHUP); err != nil {
 		return err
 	}
 	for deadline := time.Now().Add(time.Minute); reloads() == before; time.Sleep(5 * time.Millisecond) {

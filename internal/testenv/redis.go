@@ -5,12 +5,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,21 +29,14 @@ const RedisFreshKey = "withlock-fresh"
 // one that forgot no lock (its [RedisFreshKey] holds its run_id); a server
 // started again after Stop is not: that is the restart withlock must wait
 // out.
-type Redis struct {
-	*proc
-	Port int // the same across Stop and Start
-	// URL is redis://127.0.0.1:PORT/0, with :PASSWORD@ if it has one;
-	// rediss:// with TLS, without cacert (so that withlock refuses the
-	// server's certificate), and with ClientCerts ?cert=...&key=... naming
-	// the client certificate.
-	URL string
-	// CertFile, with TLS, is the CA that signed the server's certificate,
-	// for clients to trust or, by default, to refuse.
-	CertFile string
-}
+//
+// Its URL is redis://127.0.0.1:PORT/0, with :PASSWORD@ if it has one;
+// rediss:// with TLS, without cacert (so that withlock refuses the server's
+// certificate), and with ClientCerts ?cert=...&key=... naming the client
+// certificate.
+type Redis struct{ *proc }
 
-// RedisOptions say how [StartRedisWith] starts a server; the zero value is
-// [StartRedis]'s.
+// RedisOptions say how [StartRedis] starts a server.
 type RedisOptions struct {
 	Password string // requirepass (and masterauth of a replica)
 	TLS      bool   // TLS only, on the port, with a certificate for 127.0.0.1 only
@@ -56,34 +47,20 @@ type RedisOptions struct {
 	ReplicaOf   *Redis // replicaof that server (without TLS)
 }
 
-// StartRedis starts a new redis-server on a free port without a password.
-// The caller must Close it.
-func StartRedis() (*Redis, error) { return StartRedisWith(RedisOptions{}) }
-
-// StartRedisWithPassword is [StartRedis] with requirepass password.
-func StartRedisWithPassword(password string) (*Redis, error) {
-	return StartRedisWith(RedisOptions{Password: password})
-}
-
-// StartRedisWith is [StartRedis] with the options o.
-func StartRedisWith(o RedisOptions) (*Redis, error) {
+// StartRedis starts a new redis-server on a free port.
+func StartRedis(opts ...RedisOptions) (*Redis, error) {
+	o := append(opts, RedisOptions{})[0]
 	bin := findProgram("redis-server")
 	if bin == "" {
 		return nil, ErrNoRedis
 	}
-	proc, err := newProc(os.TempDir(), "redis", nil)
+	proc, err := newProc(os.TempDir(), "redis", nil, o.TLS)
 	if err != nil {
 		return nil, err
 	}
 	r := &Redis{proc: proc}
-	if o.TLS {
-		if r.CertFile, err = writeCerts(r.Dir, nil, "127.0.0.1"); err != nil {
-			r.Close()
-			return nil, err
-		}
-	}
 	proc.command = func() *exec.Cmd {
-		u := neturl.URL{Scheme: "redis", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(r.Port)), Path: "/0"}
+		u := neturl.URL{Scheme: "redis", Host: r.addr(), Path: "/0"}
 		// repl-diskless-sync-delay 0: a replica's first sync starts at once.
 		conf := fmt.Sprintf("bind 127.0.0.1\ndir %q\nsave \"\"\nappendonly no\nrepl-diskless-sync-delay 0\nport %d\n", r.Dir, r.Port)
 		if o.TLS {
@@ -101,10 +78,9 @@ func StartRedisWith(o RedisOptions) (*Redis, error) {
 			conf += fmt.Sprintf("requirepass %q\n", o.Password)
 		}
 		if p := o.ReplicaOf; p != nil {
-			pw, _ := neturl.Parse(p.URL)
-			password, _ := pw.User.Password()
 			conf += fmt.Sprintf("replicaof 127.0.0.1 %d\n", p.Port)
-			if password != "" {
+			if pu, _ := neturl.Parse(p.URL); pu.User != nil {
+				password, _ := pu.User.Password()
 				conf += fmt.Sprintf("masterauth %q\n", password)
 			}
 		}
@@ -113,18 +89,12 @@ func StartRedisWith(o RedisOptions) (*Redis, error) {
 		return exec.Command(bin, "redis.conf")
 	}
 	proc.ready = func() error {
-		c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(r.Port)))
-		if err != nil {
-			return err
-		}
-		c.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		_, err = RedisDo(ctx, r.URL, "PING")
+		_, err := RedisDo(ctx, r.URL, "PING")
 		return err
 	}
-	if err := proc.startOnFreePort(func(port int) { r.Port = port }); err != nil {
-		r.Close()
+	if err := proc.launch(false); err != nil {
 		return nil, err
 	}
 	if o.ReplicaOf == nil {
@@ -144,36 +114,25 @@ func StartRedisWith(o RedisOptions) (*Redis, error) {
 	return r, nil
 }
 
-// RequireRedis is [StartRedis] for t, closed when t ends; without
-// redis-server, t fails under CI and is skipped elsewhere.
-func RequireRedis(t testing.TB) *Redis { return RequireRedisWith(t, RedisOptions{}) }
-
-// RequireRedisWithPassword is [StartRedisWithPassword] for t.
-func RequireRedisWithPassword(t testing.TB, password string) *Redis {
-	return RequireRedisWith(t, RedisOptions{Password: password})
-}
-
-// RequireRedisWith is [StartRedisWith] for t.
-func RequireRedisWith(t testing.TB, o RedisOptions) *Redis {
-	r, err := StartRedisWith(o)
+// RequireRedis is [StartRedis] for t.
+func RequireRedis(t testing.TB, opts ...RedisOptions) *Redis {
+	r, err := StartRedis(opts...)
 	return require(t, r, err, ErrNoRedis)
 }
 
 // RedisDo runs one command on a connection of its own to the server of url
-// (rediss:// trusts the test server's CA next to nothing: any certificate)
-// and returns the reply as text: a string as is, an integer in decimal, nil
-// as "(nil)", an array as its elements' texts, one a line. An error reply is
-// an error with the reply's text.
+// (rediss:// trusts any certificate; the URL's cert and key are a client
+// certificate) and returns the reply as text: a string as is, an integer in
+// decimal, nil as "(nil)", an array as its elements' texts, one a line. An
+// error reply is an error with the reply's text.
 func RedisDo(ctx context.Context, url string, args ...string) (string, error) {
-	// withlock's own options: cert and key (a client certificate) are
-	// used, cacert is not needed (any certificate is trusted).
 	u, err := neturl.Parse(url)
 	if err != nil {
 		return "", err
 	}
 	q := u.Query()
 	cert, key := q.Get("cert"), q.Get("key")
-	for _, k := range []string{"wait_replicas", "cacert", "cert", "key"} {
+	for _, k := range []string{"wait_replicas", "cacert", "cert", "key"} { // withlock's own options
 		q.Del(k)
 	}
 	u.RawQuery = q.Encode()

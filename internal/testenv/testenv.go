@@ -1,17 +1,18 @@
 // Package testenv starts the real servers withlock's tests run against, on
-// loopback, each in a temporary directory of its own: PostgreSQL (and PgBouncer
-// and hot standbys in front of or behind it), redis-server, a MongoDB-wire
-// server (FerretDB, built from internal/testenv/ferretdb), MariaDB (for the
-// mysql backend), and the npm package advisory-lock. No mocks.
+// loopback, each in a temporary directory of its own: PostgreSQL (with
+// PgBouncer and hot standbys), redis-server, a MongoDB-wire server (FerretDB,
+// built from internal/testenv/ferretdb), MariaDB and etcd. No mocks.
 //
 // Every server is a child of the test process, started with a parent-death
 // signal (SIGKILL): a test binary that crashes, or is killed, leaves no server
 // running. Its directory is removed by Close, or, after a crash, by the next
 // test process that starts a server.
 //
-// Tests call the Require functions, which decide in one place whether a missing
-// program skips the test (a developer's machine) or fails it (CI=true), with
-// the apt-get command that installs it; scripts/test-deps installs them all.
+// Each StartX takes at most one options value (none: the defaults), and the
+// caller must Close what it returns. RequireX is StartX for a test, closed
+// when it ends; a missing program skips the test on a developer's machine and
+// fails it under CI=true, with the apt-get command that installs it
+// (scripts/test-deps installs them all).
 package testenv
 
 import (
@@ -31,19 +32,11 @@ import (
 	"time"
 )
 
-// InCI reports whether the tests run under CI, where a missing program must
-// fail tests instead of skipping them: $CI set to anything but a false value.
-func InCI() bool {
-	v := os.Getenv("CI")
-	b, err := strconv.ParseBool(v)
-	return v != "" && (err != nil || b)
-}
-
-// require returns v, closed when t ends, or ends t: skipped if err is
+// require returns s, closed when t ends, or ends t: skipped if err is
 // missing (a program not installed) outside CI, failed otherwise.
 func require[S interface{ Close() error }](t testing.TB, s S, err, missing error) S {
 	t.Helper()
-	if errors.Is(err, missing) && !InCI() {
+	if ci, perr := strconv.ParseBool(os.Getenv("CI")); errors.Is(err, missing) && (os.Getenv("CI") == "" || perr == nil && !ci) {
 		t.Skip(err)
 	}
 	if err != nil {
@@ -60,7 +53,10 @@ func require[S interface{ Close() error }](t testing.TB, s S, err, missing error
 // proc is one server process in a directory of its own, Dir, which Close
 // removes. Stop and Start restart it in place; Pause and Resume freeze it.
 type proc struct {
-	Dir string
+	Dir      string
+	Port     int    // on 127.0.0.1, the same across Stop and Start
+	URL      string // how withlock reaches the server (each server's type says its form)
+	CertFile string // with TLS, the CA (Dir/ca.crt) that signed the server's certificate
 
 	mu      sync.Mutex
 	command func() *exec.Cmd // the server's command line, made anew at each start
@@ -73,10 +69,11 @@ type proc struct {
 	asUser  *syscall.Credential // the OS user the server runs as; nil: ours
 }
 
-// newProc makes the directory of a server of the given kind. Directories are
-// named after the test process's pid, so that the first server a test process
-// starts can remove those of test processes that died without their Close.
-func newProc(base, kind string, asUser *syscall.Credential) (*proc, error) {
+// newProc makes the directory of a server of the given kind, with
+// certificates (writeCerts) if tls. Directories are named after the test
+// process's pid, so that the first server a test process starts can remove
+// those of test processes that died without their Close.
+func newProc(base, kind string, asUser *syscall.Credential, tls bool) (*proc, error) {
 	stale, _ := filepath.Glob(filepath.Join(base, "withlock-srv-*"))
 	for _, dir := range stale {
 		pid, err := strconv.Atoi(strings.Split(filepath.Base(dir), "-")[2])
@@ -91,7 +88,14 @@ func newProc(base, kind string, asUser *syscall.Credential) (*proc, error) {
 	if asUser != nil {
 		os.Chown(dir, int(asUser.Uid), int(asUser.Gid))
 	}
-	return &proc{Dir: dir, stopSig: syscall.SIGTERM, asUser: asUser}, nil
+	p := &proc{Dir: dir, stopSig: syscall.SIGTERM, asUser: asUser}
+	if tls {
+		if p.CertFile, err = writeCerts(dir, asUser); err != nil {
+			p.Close()
+			return nil, err
+		}
+	}
+	return p, nil
 }
 
 // spawner starts every server from one OS thread that lives as long as the
@@ -145,9 +149,8 @@ func (p *proc) start() error {
 			if time.Now().Before(deadline) {
 				continue
 			}
-			p.kill()
 		}
-		p.cmd = nil
+		p.halt(0, 0)
 		log, _ := os.ReadFile(out.Name())
 		tail := string(log[min(offset, int64(len(log))):])
 		err = fmt.Errorf("testenv: %s not ready: %v; its output:\n%s", filepath.Base(cmd.Path), err, tail)
@@ -160,29 +163,51 @@ func (p *proc) start() error {
 
 var errPortInUse = errors.New("port in use")
 
-// startOnFreePort starts the server on a free port (set by setPort), trying
-// another if someone took it between our probe and the server's bind.
-func (p *proc) startOnFreePort(setPort func(int)) error {
-	for attempt := 0; ; attempt++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return fmt.Errorf("testenv: %w", err)
+// launch starts the server for the first time, on a free port unless
+// ownPort (the server picks one and its ready sets Port), trying another if
+// someone took it between our probe and the server's bind. If it fails, it
+// closes p.
+func (p *proc) launch(ownPort bool) (err error) {
+	for attempt := 0; err == nil || attempt < 5 && errors.Is(err, errPortInUse); attempt++ {
+		if !ownPort {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				p.Close()
+				return fmt.Errorf("testenv: %w", err)
+			}
+			p.Port = l.Addr().(*net.TCPAddr).Port
+			l.Close()
 		}
-		setPort(l.Addr().(*net.TCPAddr).Port)
-		l.Close()
-		if err = p.start(); err == nil || attempt == 4 || !errors.Is(err, errPortInUse) {
-			return err
+		if err = p.start(); err == nil {
+			return nil
 		}
 	}
+	p.Close()
+	return err
 }
 
-// kill kills the server and waits for it; SIGKILL works on a frozen one too.
-func (p *proc) kill() {
-	if p.cmd != nil {
+func (p *proc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.Port)) }
+
+// halt sends the server sig, if not 0, and SIGCONT (in case it is frozen),
+// and waits at most wait for it to exit; then it kills it (SIGKILL works on
+// a frozen server too). It reports whether the server exited by itself.
+func (p *proc) halt(sig syscall.Signal, wait time.Duration) (exited bool) {
+	if p.cmd == nil {
+		return true
+	}
+	if sig != 0 {
+		p.cmd.Process.Signal(sig)
+		p.cmd.Process.Signal(syscall.SIGCONT)
+	}
+	select {
+	case <-p.exited:
+		exited = true
+	case <-time.After(wait):
 		p.cmd.Process.Kill()
 		<-p.exited
-		p.cmd = nil
 	}
+	p.cmd = nil
+	return exited
 }
 
 // Stop shuts the server down, keeping its data and port: Start brings it
@@ -193,16 +218,10 @@ func (p *proc) Stop() error {
 	if p.cmd == nil {
 		return errors.New("testenv: Stop: server not running")
 	}
-	p.cmd.Process.Signal(p.stopSig)
-	p.cmd.Process.Signal(syscall.SIGCONT)
-	select {
-	case <-p.exited:
-		p.cmd = nil
-		return nil
-	case <-time.After(time.Minute):
-		p.kill()
+	if !p.halt(p.stopSig, time.Minute) {
 		return errors.New("testenv: server did not stop within a minute; killed")
 	}
+	return nil
 }
 
 // Start starts the server again after Stop, on the same port with the same
@@ -218,18 +237,19 @@ func (p *proc) Start() error {
 // returns once every thread has stopped: kill(2) returns before the threads
 // running on another CPU stop.
 func (p *proc) Pause() error {
-	pid, err := p.signal(syscall.SIGSTOP)
-	for deadline := time.Now().Add(10 * time.Second); err == nil && !allStopped(pid); time.Sleep(time.Millisecond) {
+	err := p.signal(syscall.SIGSTOP)
+	for deadline := time.Now().Add(10 * time.Second); err == nil && !p.allStopped(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("testenv: server %d still running 10s after SIGSTOP", pid)
+			return fmt.Errorf("testenv: server %d still running 10s after SIGSTOP", p.PID())
 		}
 	}
 	return err
 }
 
-// allStopped says whether /proc shows every thread of pid stopped (state T).
-func allStopped(pid int) bool {
-	stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+// allStopped says whether /proc shows every thread of the server stopped
+// (state T).
+func (p *proc) allStopped() bool {
+	stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", p.PID()))
 	for _, f := range stats {
 		b, _ := os.ReadFile(f)
 		// "pid (comm) S ...": the state follows the last ')'.
@@ -241,18 +261,13 @@ func allStopped(pid int) bool {
 }
 
 // Resume continues a server frozen by Pause.
-func (p *proc) Resume() error {
-	_, err := p.signal(syscall.SIGCONT)
-	return err
-}
+func (p *proc) Resume() error { return p.signal(syscall.SIGCONT) }
 
-func (p *proc) signal(sig syscall.Signal) (pid int, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return 0, errors.New("testenv: server not running")
+func (p *proc) signal(sig syscall.Signal) error {
+	if pid := p.PID(); pid != 0 {
+		return syscall.Kill(pid, sig)
 	}
-	return p.cmd.Process.Pid, p.cmd.Process.Signal(sig)
+	return errors.New("testenv: server not running")
 }
 
 // PID is the server's process id, 0 while it is stopped (for benchmarks
@@ -271,15 +286,10 @@ func (p *proc) PID() int {
 func (p *proc) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmd != nil && p.quitSig != 0 {
-		p.cmd.Process.Signal(p.quitSig)
-		p.cmd.Process.Signal(syscall.SIGCONT)
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-		}
+	if p.quitSig != 0 {
+		p.halt(p.quitSig, 10*time.Second)
 	}
-	p.kill()
+	p.halt(0, 0)
 	p.closed = true
 	if err := os.RemoveAll(p.Dir); err != nil {
 		return fmt.Errorf("testenv: %w", err)
@@ -287,30 +297,63 @@ func (p *proc) Close() error {
 	return nil
 }
 
-// serverUser is the OS user a database server runs as: ours, or as root,
-// name (PostgreSQL and MariaDB refuse to run as root, as their packages do).
-func serverUser(name string) (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup(name)
-	if err != nil {
-		return nil, fmt.Errorf("testenv: as root, the server runs as the OS user %s: %w; create it with: useradd --system %s", name, err, name)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+// install is where a server that runs from copies of one data directory
+// (PostgreSQL, MariaDB) finds its template, made once per test process, and
+// the OS user it runs as: ours or, as root, the OS user name (newInstall),
+// since those servers refuse root, as their packages do. Data directories live on /dev/shm when it is a roomy
+// tmpfs, where making one takes milliseconds, not a slow disk's seconds.
+type install struct {
+	asUser   *syscall.Credential
+	base     string // where data directories live
+	template string // the data directory to copy, for init to make
 }
 
-// dataBase is where servers with many files live: /dev/shm when it is a
-// roomy tmpfs, where creating a data directory takes milliseconds, not the
-// seconds it can take on a slow virtual disk; else the temporary directory.
-func dataBase() string {
+func newInstall(name, kind string) (*install, error) {
+	inst := &install{base: os.TempDir()}
 	var st syscall.Statfs_t
 	if syscall.Statfs("/dev/shm", &st) == nil && st.Type == 0x01021994 && st.Bavail*uint64(st.Bsize) >= 1<<30 {
-		return "/dev/shm"
+		inst.base = "/dev/shm"
 	}
-	return os.TempDir()
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup(name)
+		if err != nil {
+			return nil, fmt.Errorf("testenv: as root, the server runs as the OS user %s: %w; create it with: useradd --system %s", name, err, name)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		inst.asUser = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	tpl, err := newProc(inst.base, kind+"template", inst.asUser, false)
+	if err != nil {
+		return nil, err
+	}
+	inst.template = filepath.Join(tpl.Dir, "data")
+	return inst, nil
+}
+
+// newProc makes a server's directory holding a copy of the template in data/.
+func (inst *install) newProc(kind string, tls bool) (*proc, error) {
+	p, err := newProc(inst.base, kind, inst.asUser, tls)
+	if err != nil {
+		return nil, err
+	}
+	// cp -a keeps the owner (the server's user) and modes.
+	if out, err := exec.Command("cp", "-a", inst.template, p.Dir).CombinedOutput(); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("testenv: copy the %s template: %v: %s", kind, err, out)
+	}
+	return p, nil
+}
+
+// run runs a command of the installation as the server's user.
+func (inst *install) run(name string, args ...string) error {
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: inst.asUser}
+	cmd.Dir, cmd.Env = filepath.Dir(inst.template), append(os.Environ(), "LC_ALL=C")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("testenv: %s: %w\n%s", filepath.Base(name), err, out)
+	}
+	return nil
 }
 
 // findProgram looks name up in PATH, then in dirs (globs, the newest

@@ -17,19 +17,19 @@ import (
 )
 
 // writeCerts writes into dir a new CA (ca.crt) and a certificate it signed
-// for hosts (server.crt, server.key, owned by asUser if not nil: servers
-// refuse a key others can read), and returns ca.crt's path. The servers'
-// certificates name 127.0.0.1 alone, so that a client that connects to
-// "localhost" meets a certificate for another host name. The certificate
-// is good for client authentication too: a test that makes a server ask
-// for client certificates gives clients the server's own pair.
-func writeCerts(dir string, asUser *syscall.Credential, hosts ...string) (caFile string, err error) {
-	caKey, caDER, err := newCert(nil, nil, "withlock test CA")
+// (server.crt, server.key, owned by asUser if not nil: servers refuse a key
+// others can read), and returns ca.crt's path. The certificate names
+// 127.0.0.1 alone, so that a client that connects to "localhost" meets a
+// certificate for another host name. It is good for client authentication
+// too: a test that makes a server ask for client certificates gives clients
+// the server's own pair.
+func writeCerts(dir string, asUser *syscall.Credential) (caFile string, err error) {
+	caKey, caDER, err := newCert(nil, nil)
 	if err != nil {
 		return "", err
 	}
 	ca, _ := x509.ParseCertificate(caDER)
-	key, der, err := newCert(ca, caKey, "withlock test server", hosts...)
+	key, der, err := newCert(ca, caKey)
 	if err != nil {
 		return "", err
 	}
@@ -51,9 +51,9 @@ func writeCerts(dir string, asUser *syscall.Credential, hosts ...string) (caFile
 	return filepath.Join(dir, "ca.crt"), os.Chmod(filepath.Join(dir, "ca.crt"), 0o644)
 }
 
-// newCert makes a key and a certificate for hosts signed by parent, or a
+// newCert makes a key and a certificate for 127.0.0.1 signed by parent, or a
 // CA's self-signed one when parent is nil.
-func newCert(parent *x509.Certificate, parentKey *ecdsa.PrivateKey, name string, hosts ...string) (*ecdsa.PrivateKey, []byte, error) {
+func newCert(parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*ecdsa.PrivateKey, []byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, fmt.Errorf("testenv: %w", err)
@@ -61,20 +61,15 @@ func newCert(parent *x509.Certificate, parentKey *ecdsa.PrivateKey, name string,
 	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: name},
+		Subject:      pkix.Name{CommonName: "withlock test server"},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	for _, h := range hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else {
-			tmpl.DNSNames = append(tmpl.DNSNames, h)
-		}
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
 	}
 	if parent == nil {
+		tmpl.Subject.CommonName, tmpl.IPAddresses = "withlock test CA", nil
 		tmpl.IsCA, tmpl.BasicConstraintsValid, tmpl.KeyUsage = true, true, x509.KeyUsageCertSign
 		parent, parentKey = tmpl, key
 	}

@@ -527,7 +527,7 @@ func TestErrors(t *testing.T) {
 }
 
 func TestTLS(t *testing.T) {
-	e := testenv.RequireEtcdWith(t, testenv.EtcdOptions{TLS: true})
+	e := testenv.RequireEtcd(t, testenv.EtcdOptions{TLS: true})
 	name := locktest.Name(t)
 	l, err := locktest.Open(t, e.URL, lock.Options{}).TryAcquire(locktest.Context(t), name)
 	if err != nil {

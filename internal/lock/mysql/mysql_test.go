@@ -2,7 +2,6 @@ package mysql_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -11,8 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
@@ -379,7 +376,7 @@ func TestWatchServerGone(t *testing.T) {
 // metadata_lock_info, which then shows withlock's locks and the mysql
 // client's alike.
 func TestStatusWithoutPerformanceSchema(t *testing.T) {
-	m := testenv.RequireMariaDBWith(t, testenv.MariaDBOptions{NoPerformanceSchema: true})
+	m := testenv.RequireMariaDB(t, testenv.MariaDBOptions{NoPerformanceSchema: true})
 	holder := locktest.Open(t, m.URL, lock.Options{Holder: lock.Holder{Host: "web-1", PID: 4242, Command: []string{"true"}}})
 	l, err := holder.TryAcquire(locktest.Context(t), "job")
 	if err != nil {
@@ -419,15 +416,10 @@ func TestStatusWithoutPerformanceSchema(t *testing.T) {
 // client would, until t ends.
 func hold(t *testing.T, dbURL, key string) {
 	t.Helper()
-	config, err := testenv.MySQLConfig(dbURL)
+	db, err := testenv.MySQLDB(dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	connector, err := gomysql.NewConnector(config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := sql.OpenDB(connector)
 	t.Cleanup(func() { db.Close() })
 	conn, err := db.Conn(locktest.Context(t))
 	if err != nil {
@@ -444,7 +436,7 @@ func hold(t *testing.T, dbURL, key string) {
 // certificate is self-signed), where the lease watches the socket beneath
 // TLS; and tls=true refuses that certificate at once.
 func TestTLS(t *testing.T) {
-	m := testenv.RequireMariaDBWith(t, testenv.MariaDBOptions{TLS: true})
+	m := testenv.RequireMariaDB(t, testenv.MariaDBOptions{TLS: true})
 	locktest.Run(t, opener(m.URL+"?tls=skip-verify"), locktest.Options{Session: true})
 	var cipher string
 	c := locktest.Open(t, m.URL+"?tls=skip-verify", lock.Options{})

@@ -35,7 +35,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
-	r := testenv.RequireRedisWithPassword(t, "s3cret-pw")
+	r := testenv.RequireRedis(t, testenv.RedisOptions{Password: "s3cret-pw"})
 	bad := strings.Replace(r.URL, "s3cret-pw", "wrong", 1)
 	_, err := locktest.Open(t, bad, lock.Options{}).TryAcquire(locktest.Context(t), "job")
 	if !errors.Is(err, lock.ErrRefused) {
@@ -220,8 +220,8 @@ func TestFreshKey(t *testing.T) {
 }
 
 func TestReplica(t *testing.T) {
-	p := testenv.RequireRedisWithPassword(t, "s3cret-pw")
-	r := testenv.RequireRedisWith(t, testenv.RedisOptions{Password: "s3cret-pw", ReplicaOf: p})
+	p := testenv.RequireRedis(t, testenv.RedisOptions{Password: "s3cret-pw"})
+	r := testenv.RequireRedis(t, testenv.RedisOptions{Password: "s3cret-pw", ReplicaOf: p})
 	name := locktest.Name(t)
 	_, err := locktest.Open(t, r.URL, lock.Options{}).TryAcquire(locktest.Context(t), name)
 	if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), "is a replica (role:slave)") ||
@@ -256,7 +256,7 @@ func TestReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := testenv.RequireRedisWithPassword(t, "s3cret-pw")
+	other := testenv.RequireRedis(t, testenv.RedisOptions{Password: "s3cret-pw"})
 	do(t, p.URL, "CONFIG", "SET", "masterauth", "s3cret-pw")
 	do(t, p.URL, "REPLICAOF", "127.0.0.1", strconv.Itoa(other.Port))
 	if err := l.Keep(locktest.Context(t)); !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "became a replica") {
@@ -266,7 +266,7 @@ func TestReplica(t *testing.T) {
 
 func TestWaitReplicas(t *testing.T) {
 	p := testenv.RequireRedis(t)
-	r := testenv.RequireRedisWith(t, testenv.RedisOptions{ReplicaOf: p})
+	r := testenv.RequireRedis(t, testenv.RedisOptions{ReplicaOf: p})
 	// Synced: the replica has a write of the primary.
 	do(t, p.URL, "SET", "synced", "1")
 	for do(t, r.URL, "GET", "synced") != "1" {
@@ -404,8 +404,8 @@ func (c *cutter) serve(client net.Conn) {
 // never answers, is ErrUnavailable (retried within --connect-timeout), not a
 // refusal: only an answer from the server refuses us.
 func TestCutConnections(t *testing.T) {
-	plain := testenv.RequireRedisWithPassword(t, "s3cret-pw")
-	secure := testenv.RequireRedisWith(t, testenv.RedisOptions{TLS: true, Password: "s3cret-pw"})
+	plain := testenv.RequireRedis(t, testenv.RedisOptions{Password: "s3cret-pw"})
+	secure := testenv.RequireRedis(t, testenv.RedisOptions{TLS: true, Password: "s3cret-pw"})
 	addr := func(r *testenv.Redis) string { return "127.0.0.1:" + strconv.Itoa(r.Port) }
 	for _, tc := range []struct {
 		what        string
