@@ -235,8 +235,10 @@ var kubeAPIServer = sync.OnceValues(func() (string, error) {
 // cachedBuild finds the program pkg of the module internal/testenv/module in
 // the user's cache, or builds it there (statically, with the module's go.mod
 // and go.sum alone) under a lock, so that test processes that run at once
-// build it once. Its name has a hash of the module's files: a change builds
-// anew. Errors wrap errNo, which says what to do.
+// build it once; flags go to go build. Its name has a hash of the module's
+// files: a change builds anew. Errors wrap errNo, which says what to do.
+// (FerretDB's ferretdbBinary could be cachedBuild("ferretdb", ".", ErrNoMongo,
+// "-tags", "ferretdb_no_postgresql").)
 func cachedBuild(module, pkg string, errNo error, flags ...string) (string, error) {
 	src, err := moduleDir(module)
 	if err != nil {
