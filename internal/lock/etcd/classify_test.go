@@ -2,20 +2,66 @@ package etcd
 
 import (
 	"errors"
+	"net/http"
+	"net/url"
+	"strings"
 	"testing"
-
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
 	"github.com/withlock/withlock/internal/lock"
 )
 
+// answer is an error as etcd's gateway answers it: HTTP status and body.
+func answer(t *testing.T, status int, body string) error {
+	t.Helper()
+	resp := &http.Response{StatusCode: status, Status: http.StatusText(status), Body: http.NoBody,
+		Request: &http.Request{URL: &url.URL{Path: "/v3/kv/txn"}}}
+	resp.Body = readCloser{strings.NewReader(body)}
+	return httpError(resp)
+}
+
+type readCloser struct{ *strings.Reader }
+
+func (readCloser) Close() error { return nil }
+
 // A lease that ran out between an attempt's grant and its put (seen under
 // make stress's black-holes) is an outage to retry, not a refusal (69).
+// The two shapes are those of etcd 3.4's gateway (grpc-gateway v1, which
+// also says "error") and of later ones.
 func TestLeaseNotFoundIsRetried(t *testing.T) {
 	b := &backend{addr: "127.0.0.1:2379"}
-	for _, err := range []error{rpctypes.ErrLeaseNotFound, rpctypes.ErrGRPCLeaseNotFound} {
+	for _, err := range []error{
+		answer(t, 404, `{"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5}`),
+		answer(t, 404, `{"code":5,"message":"etcdserver: requested lease not found","details":[]}`),
+	} {
 		if got := b.classify(err); !errors.Is(got, lock.ErrUnavailable) || errors.Is(got, lock.ErrRefused) {
 			t.Errorf("classify(%v) = %v; want ErrUnavailable", err, got)
+		}
+	}
+}
+
+// The gateway's answers are sorted as the official client's errors were.
+func TestClassify(t *testing.T) {
+	b := &backend{addr: "127.0.0.1:2379"}
+	for _, tc := range []struct {
+		status int
+		body   string
+		want   error
+		says   string
+	}{
+		{401, `{"error":"etcdserver: authentication failed, invalid user ID or password","code":3}`, lock.ErrRefused, "refused the user and password"},
+		{403, `{"message":"etcdserver: permission denied","code":7}`, lock.ErrRefused, "permission denied"},
+		{401, `{"message":"etcdserver: invalid auth token","code":3}`, lock.ErrUnavailable, "invalid auth token"},
+		{503, `{"message":"etcdserver: no leader","code":14}`, lock.ErrUnavailable, "no leader"},
+		{503, `{"message":"etcdserver: request timed out","code":14}`, lock.ErrUnavailable, "request timed out"},
+		{429, `{"message":"etcdserver: too many requests","code":8}`, lock.ErrUnavailable, "busy"},
+		{429, `{"message":"etcdserver: mvcc: database space exceeded","code":8}`, lock.ErrRefused, "out of space"},
+		{400, `{"message":"etcdserver: user name is empty","code":3}`, lock.ErrRefused, "user name is empty"},
+		{502, `<html>Bad Gateway</html>`, lock.ErrUnavailable, "HTTP"},
+		{404, `404 page not found`, lock.ErrRefused, "not an answer of etcd's v3 API"},
+	} {
+		got := b.classify(answer(t, tc.status, tc.body))
+		if !errors.Is(got, tc.want) || !strings.Contains(got.Error(), tc.says) {
+			t.Errorf("%d %s: %v; want %v saying %q", tc.status, tc.body, got, tc.want, tc.says)
 		}
 	}
 }

@@ -80,7 +80,7 @@ func TestKeys(t *testing.T) {
 		t.Fatalf("keys of %q: %v, %v; want one", name, resp, err)
 	}
 	kv := resp.Kvs[0]
-	if want := etcd.Key(name, clientv3.LeaseID(kv.Lease)); string(kv.Key) != want || want != fmt.Sprintf("%s/%x", name, kv.Lease) {
+	if want := etcd.Key(name, kv.Lease); string(kv.Key) != want || want != fmt.Sprintf("%s/%x", name, kv.Lease) {
 		t.Errorf("key %q with lease %x; want %q", kv.Key, kv.Lease, want)
 	}
 	if tok := l.(lock.Fenced).Token(); tok != kv.CreateRevision {
@@ -704,7 +704,7 @@ func TestList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Put(locktest.Context(t), etcd.Key("\xff", g.ID), "", clientv3.WithLease(g.ID)); err != nil {
+	if _, err := c.Put(locktest.Context(t), etcd.Key("\xff", int64(g.ID)), "", clientv3.WithLease(g.ID)); err != nil {
 		t.Fatal(err)
 	}
 	// A waiter is not a holder, and its name is listed once.

@@ -4,9 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/withlock/withlock/internal/lock"
 )
 
@@ -25,14 +22,14 @@ func FuzzKeys(f *testing.F) {
 		if lock.CheckName(a) != nil || lock.CheckName(b) != nil || ida == 0 || idb == 0 {
 			return
 		}
-		own := &mvccpb.KeyValue{Key: []byte(Key(a, clientv3.LeaseID(ida))), Lease: ida}
+		own := &keyValue{Key: []byte(Key(a, ida)), Lease: ida}
 		if !strings.HasPrefix(string(own.Key), Prefix(a)) || !lockKey(Prefix(a), own) {
 			t.Fatalf("%q, the key of %q, is not one of its lock keys", own.Key, a)
 		}
 		if a == b {
 			return
 		}
-		other := &mvccpb.KeyValue{Key: []byte(Key(b, clientv3.LeaseID(idb))), Lease: idb}
+		other := &keyValue{Key: []byte(Key(b, idb)), Lease: idb}
 		if strings.HasPrefix(string(other.Key), Prefix(a)) && lockKey(Prefix(a), other) {
 			t.Fatalf("%q, a key of name %q, counts as a lock key of name %q", other.Key, b, a)
 		}

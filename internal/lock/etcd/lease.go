@@ -3,13 +3,8 @@ package etcd
 import (
 	"context"
 	"errors"
-	"io"
 	"math"
 	"time"
-
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/withlock/withlock/internal/lock"
 )
@@ -18,10 +13,10 @@ import (
 // a held lock once TryAcquire or Acquire returns it.
 type lease struct {
 	b    *backend
-	c    *clientv3.Client
+	c    *client
 	name string
 	key  string
-	id   clientv3.LeaseID
+	id   int64 // the lease
 	rev  int64 // the key's create revision: the fencing token
 	seen int64 // the last revision at which the queue was read
 	// renewedAt is when the last renewal of the lease (or its grant) was
@@ -38,45 +33,17 @@ func (l *lease) Token() int64 { return l.rev }
 // got: its life runs from then.
 func (l *lease) RenewedAt() time.Time { return l.renewedAt }
 
-// keepAliveOnce renews lease id once: one LeaseKeepAlive stream, one
-// request, one answer. The client's own KeepAliveOnce tries again and again
-// while the server cannot be reached; the keep loop in package lock decides
-// that. An expired or revoked lease is rpctypes.ErrLeaseNotFound.
-func keepAliveOnce(ctx context.Context, c *clientv3.Client, id clientv3.LeaseID) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := pb.NewLeaseClient(c.ActiveConnection()).LeaseKeepAlive(ctx)
-	if err != nil {
-		return rpctypes.Error(err)
-	}
-	// A Send that fails because the server ended the stream says io.EOF;
-	// the server's reason is Recv's error.
-	err = stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)})
-	if err != nil && !errors.Is(err, io.EOF) {
-		return rpctypes.Error(err)
-	}
-	resp, err := stream.Recv()
-	if err != nil {
-		return rpctypes.Error(err)
-	}
-	stream.CloseSend()
-	if resp.TTL <= 0 {
-		return rpctypes.ErrLeaseNotFound
-	}
-	return nil
-}
-
 // Keep renews the lease for another ttl, judged by the server's clock, then
 // checks that the key is still there: a lease revoked (withlock release
 // --force) or expired, and a key deleted (etcdctl del), are ErrLost.
 func (l *lease) Keep(ctx context.Context) error {
-	if err := keepAliveOnce(ctx, l.c, l.id); err != nil {
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return lock.Errorf(lock.ErrLost, "its etcd lease %x expired or was revoked (withlock release --force?)", int64(l.id))
+	if err := l.c.keepAliveOnce(ctx, l.id); err != nil {
+		if is(err, msgLeaseNotFound) {
+			return lock.Errorf(lock.ErrLost, "its etcd lease %x expired or was revoked (withlock release --force?)", l.id)
 		}
 		return l.b.classify(err)
 	}
-	resp, err := l.c.Get(ctx, l.key, clientv3.WithKeysOnly())
+	resp, err := l.c.get(ctx, &rangeRequest{Key: []byte(l.key), KeysOnly: true})
 	if err != nil {
 		return l.b.classify(err)
 	}
@@ -88,10 +55,10 @@ func (l *lease) Keep(ctx context.Context) error {
 
 // Release deletes the key if it is still ours, then revokes the lease.
 func (l *lease) Release(ctx context.Context) error {
-	resp, err := l.c.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
-		Then(clientv3.OpDelete(l.key)).
-		Commit()
+	resp, err := l.c.txn(ctx, &txnRequest{
+		Compare: []compare{createRevisionIs(l.key, l.rev)},
+		Success: []requestOp{{DeleteRange: &deleteRangeRequest{Key: []byte(l.key)}}},
+	})
 	// The lease goes either way; if this fails, it runs out by itself.
 	l.revoke(ctx, l.id)
 	if err != nil {
@@ -113,16 +80,16 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	if left < time.Millisecond {
 		return l.Release(ctx)
 	}
-	g, err := l.c.Grant(ctx, int64(math.Ceil(left.Seconds())))
+	g, err := l.c.grant(ctx, int64(math.Ceil(left.Seconds())))
 	if err != nil {
 		return l.b.classify(err)
 	}
-	resp, err := l.c.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
-		Then(clientv3.OpPut(l.key, "", clientv3.WithLease(g.ID), clientv3.WithIgnoreValue())).
-		Commit()
+	resp, err := l.c.txn(ctx, &txnRequest{
+		Compare: []compare{createRevisionIs(l.key, l.rev)},
+		Success: []requestOp{{Put: &putRequest{Key: []byte(l.key), Lease: g, IgnoreValue: true}}},
+	})
 	if err != nil || !resp.Succeeded {
-		l.revoke(ctx, g.ID)
+		l.revoke(ctx, g)
 		if err != nil {
 			return l.b.classify(err)
 		}
@@ -146,9 +113,9 @@ func (l *lease) drop(ctx context.Context) {
 }
 
 // revoke revokes lease id; one already gone is fine.
-func (l *lease) revoke(ctx context.Context, id clientv3.LeaseID) error {
-	_, err := l.c.Revoke(ctx, id)
-	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+func (l *lease) revoke(ctx context.Context, id int64) error {
+	err := l.c.revoke(ctx, id)
+	if err != nil && !is(err, msgLeaseNotFound) {
 		return l.b.classify(err)
 	}
 	return nil

@@ -8,10 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/withlock/withlock/internal/lock"
 )
 
@@ -21,8 +17,8 @@ func Prefix(name string) string { return name + "/" }
 
 // Key is the key of name's holder or waiter with lease id, as
 // concurrency.Mutex names it.
-func Key(name string, id clientv3.LeaseID) string {
-	return fmt.Sprintf("%s%x", Prefix(name), int64(id))
+func Key(name string, id int64) string {
+	return fmt.Sprintf("%s%x", Prefix(name), id)
 }
 
 // record is the value of withlock's keys: the holder's mode and who it is.
@@ -42,7 +38,7 @@ type record struct {
 type entry struct {
 	key   string
 	rev   int64 // create revision: the place in the queue, the fencing token
-	lease clientv3.LeaseID
+	lease int64
 	rec   *record // nil for a key that is not withlock's (etcdctl lock's)
 }
 
@@ -60,7 +56,7 @@ func (e entry) mode() lock.Mode {
 // key with more elements belongs to a longer name (NAME/sub/<id>), so
 // withlock's locks "a" and "a/b" are two locks; etcdctl lock "a" counts
 // the keys of "a/b" too.
-func lockKey(prefix string, kv *mvccpb.KeyValue) bool {
+func lockKey(prefix string, kv *keyValue) bool {
 	id := string(kv.Key[len(prefix):])
 	if kv.Lease == 0 || id == "" || len(id) > 16 {
 		return false
@@ -75,14 +71,14 @@ func lockKey(prefix string, kv *mvccpb.KeyValue) bool {
 
 // queue returns the lock keys among kvs, the keys under name's prefix in
 // the order of their create revisions.
-func queue(name string, kvs []*mvccpb.KeyValue) []entry {
+func queue(name string, kvs []*keyValue) []entry {
 	prefix := Prefix(name)
 	var q []entry
 	for _, kv := range kvs {
 		if !strings.HasPrefix(string(kv.Key), prefix) || !lockKey(prefix, kv) {
 			continue
 		}
-		e := entry{key: string(kv.Key), rev: kv.CreateRevision, lease: clientv3.LeaseID(kv.Lease)}
+		e := entry{key: string(kv.Key), rev: kv.CreateRevision, lease: kv.Lease}
 		var r record
 		if json.Unmarshal(kv.Value, &r) == nil && (r.Mode == lock.Exclusive || r.Mode == lock.Shared || r.Mode == lock.Semaphore && r.MaxHolders > 0) {
 			e.rec = &r
@@ -161,39 +157,37 @@ func (b *backend) record() string {
 
 // getQueue reads name's keys in queue order. Only a shared or semaphore key
 // needs to know the others' modes.
-func (b *backend) getQueue(name string) clientv3.Op {
-	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
-	if b.opts.Mode == lock.Exclusive {
-		opts = append(opts, clientv3.WithKeysOnly())
-	}
-	return clientv3.OpGet(Prefix(name), opts...)
+func (b *backend) getQueue(name string) requestOp {
+	return requestOp{Range: queueRange(name, b.opts.Mode == lock.Exclusive)}
+}
+
+// queueRange reads name's keys in the order of their create revisions.
+func queueRange(name string, keysOnly bool) *rangeRequest {
+	return &rangeRequest{Key: []byte(Prefix(name)), RangeEnd: prefixEnd(Prefix(name)), SortOrder: "ASCEND", SortTarget: "CREATE", KeysOnly: keysOnly}
 }
 
 // enqueue takes a lease and puts name's key for it, as Mutex.TryLock does,
 // and returns the lease, the queue and the key's place in it.
 func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, int, error) {
-	c, err := b.connect(ctx)
-	if err != nil {
-		return nil, nil, 0, err
-	}
+	c := b.c
 	cctx, cancel := call(ctx)
 	defer cancel()
 	for len(b.orphans) > 0 {
-		if _, err := c.Revoke(cctx, b.orphans[0]); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		if err := c.revoke(cctx, b.orphans[0]); err != nil && !is(err, msgLeaseNotFound) {
 			return nil, nil, 0, b.classify(err)
 		}
 		b.orphans = b.orphans[1:]
 	}
 	sent := time.Now()
-	g, err := c.Grant(cctx, b.ttl)
+	id, err := c.grant(cctx, b.ttl)
 	if err != nil {
 		return nil, nil, 0, b.classify(err)
 	}
-	l := &lease{b: b, c: c, name: name, id: g.ID, key: Key(name, g.ID), renewedAt: sent}
-	resp, err := c.Txn(cctx).
-		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
-		Then(clientv3.OpPut(l.key, b.record(), clientv3.WithLease(g.ID)), b.getQueue(name)).
-		Commit()
+	l := &lease{b: b, c: c, name: name, id: id, key: Key(name, id), renewedAt: sent}
+	resp, err := c.txn(cctx, &txnRequest{
+		Compare: []compare{createRevisionIs(l.key, 0)},
+		Success: []requestOp{{Put: &putRequest{Key: []byte(l.key), Value: []byte(b.record()), Lease: id}}, b.getQueue(name)},
+	})
 	if err != nil {
 		l.drop(ctx)
 		return nil, nil, 0, b.classify(err)
@@ -204,7 +198,7 @@ func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, in
 		return nil, nil, 0, lock.Errorf(lock.ErrRefused, "etcd at %s: the key %s of a new lease already exists", b.addr, l.key)
 	}
 	l.rev, l.seen = resp.Header.Revision, resp.Header.Revision
-	q, i, err := l.place(resp.Responses[1].GetResponseRange().Kvs)
+	q, i, err := l.place(rangeAt(resp, 1))
 	if err != nil {
 		l.drop(ctx)
 		return nil, nil, 0, err
@@ -213,7 +207,7 @@ func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, in
 }
 
 // place returns the queue in kvs and l's place in it.
-func (l *lease) place(kvs []*mvccpb.KeyValue) ([]entry, int, error) {
+func (l *lease) place(kvs []*keyValue) ([]entry, int, error) {
 	q := queue(l.name, kvs)
 	for i, e := range q {
 		if e.key == l.key && e.rev == l.rev {
@@ -285,14 +279,50 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 // and renews l's lease every ttl/3 meanwhile. It returns nil when it is
 // time to look at the queue again.
 func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	opts := []clientv3.OpOption{clientv3.WithRev(l.seen + 1), clientv3.WithFilterPut()}
+	w := watchCreate{Key: []byte(key), StartRevision: l.seen + 1, Filters: []string{"NOPUT"}}
 	if anyKey {
 		key = Prefix(l.name)
-		opts = append(opts, clientv3.WithPrefix(), clientv3.WithPrevKV())
+		w.Key, w.RangeEnd, w.PrevKV = []byte(key), prefixEnd(key), true
 	}
-	events := l.c.Watch(wctx, key, opts...)
+	// The watch's answers come from a goroutine of their own, so that the
+	// lease is renewed while it waits for them. It ends with wctx.
+	type answer struct {
+		resp *watchResponse
+		err  error
+	}
+	answers := make(chan answer)
+	go func() {
+		s, err := l.c.watch(wctx, w)
+		if err != nil {
+			select {
+			case answers <- answer{err: err}:
+			case <-wctx.Done():
+			}
+			return
+		}
+		defer s.abort()
+		resp := &watchResponse{Created: true}
+		for {
+			select {
+			case answers <- answer{resp, err}:
+			case <-wctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+			resp = new(watchResponse)
+			if err = s.next(resp); err == nil {
+				err = resp.err()
+			}
+		}
+	}()
+	// A watch that is not created within callTimeout is a server that does
+	// not answer, as for any other request.
+	creating := time.NewTimer(callTimeout)
+	defer creating.Stop()
 	interval := l.b.opts.TTL / 3
 	renew := time.NewTimer(time.Until(l.renewedAt.Add(interval)))
 	defer renew.Stop()
@@ -300,24 +330,33 @@ func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool) error {
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
+		case <-creating.C:
+			return lock.Unreachable("etcd at "+l.b.addr, "timed out")
 		case <-renew.C:
 			if err := l.renew(ctx); err != nil {
 				return err
 			}
 			renew.Reset(time.Until(l.renewedAt.Add(interval)))
-		case wr, ok := <-events:
+		case a := <-answers:
 			switch {
-			case !ok && ctx.Err() != nil:
+			case a.err != nil && ctx.Err() != nil:
 				return context.Cause(ctx)
-			case !ok:
-				return lock.Errorf(lock.ErrUnavailable, "etcd at %s: the watch of %s ended", l.b.addr, key)
-			case errors.Is(wr.Err(), rpctypes.ErrCompacted):
+			case errors.Is(a.err, errCompacted):
 				return nil // the revision is gone: look at the queue as it is now
-			case wr.Err() != nil:
-				return l.b.classify(wr.Err())
+			case errors.Is(a.err, errStreamEnded):
+				return lock.Errorf(lock.ErrUnavailable, "etcd at %s: the watch of %s ended", l.b.addr, key)
+			case is(a.err, msgPermissionDenied) || is(a.err, msgInvalidToken):
+				// The transaction just before read these keys with the same
+				// token, so it is the token that the watch found wanting
+				// (etcd 3.4 says "permission denied" for an expired one).
+				l.c.forgetToken()
+				return lock.Errorf(lock.ErrUnavailable, "etcd at %s: the watch of %s was refused (%s); its auth token may have expired", l.b.addr, key, a.err)
+			case a.err != nil:
+				return l.b.classify(a.err)
 			}
-			for _, ev := range wr.Events {
-				if ev.Type != mvccpb.DELETE {
+			creating.Stop()
+			for _, ev := range a.resp.Events {
+				if ev.Type != "DELETE" {
 					continue
 				}
 				// Of the whole prefix, only an earlier lock key matters.
@@ -338,10 +377,10 @@ func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 	go func() { renewed <- l.renew(ctx) }()
 	cctx, cancel := call(ctx)
 	defer cancel()
-	resp, err := l.c.Txn(cctx).
-		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
-		Then(l.b.getQueue(l.name)).
-		Commit()
+	resp, err := l.c.txn(cctx, &txnRequest{
+		Compare: []compare{createRevisionIs(l.key, l.rev)},
+		Success: []requestOp{l.b.getQueue(l.name)},
+	})
 	if rerr := <-renewed; rerr != nil {
 		return nil, 0, rerr
 	}
@@ -352,7 +391,7 @@ func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 		return nil, 0, lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's key %s was deleted", l.b.addr, l.key)
 	}
 	l.seen = resp.Header.Revision
-	return l.place(resp.Responses[0].GetResponseRange().Kvs)
+	return l.place(rangeAt(resp, 0))
 }
 
 // stamp writes the record again, with acquired_at now, once a waiter got
@@ -363,10 +402,10 @@ func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 func (l *lease) stamp() {
 	ctx, cancel := call(context.Background())
 	defer cancel()
-	l.c.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
-		Then(clientv3.OpPut(l.key, l.b.record(), clientv3.WithIgnoreLease())).
-		Commit()
+	l.c.txn(ctx, &txnRequest{
+		Compare: []compare{createRevisionIs(l.key, l.rev)},
+		Success: []requestOp{{Put: &putRequest{Key: []byte(l.key), Value: []byte(l.b.record()), IgnoreLease: true}}},
+	})
 }
 
 // renew renews a waiter's lease once, bounded by callTimeout. A lease gone
@@ -375,9 +414,9 @@ func (l *lease) renew(ctx context.Context) error {
 	cctx, cancel := call(ctx)
 	defer cancel()
 	sent := time.Now()
-	if err := keepAliveOnce(cctx, l.c, l.id); err != nil {
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's lease %x expired or was revoked", l.b.addr, int64(l.id))
+	if err := l.c.keepAliveOnce(cctx, l.id); err != nil {
+		if is(err, msgLeaseNotFound) {
+			return lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's lease %x expired or was revoked", l.b.addr, l.id)
 		}
 		return l.b.classify(err)
 	}

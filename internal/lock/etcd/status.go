@@ -2,12 +2,8 @@ package etcd
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"time"
-
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/withlock/withlock/internal/lock"
 )
@@ -17,16 +13,12 @@ const listPage = 1000
 
 // Inspect reads name's queue and returns the keys that hold the lock.
 func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) {
-	c, err := b.connect(ctx)
-	if err != nil {
-		return lock.State{}, err
-	}
-	_, st, err := b.inspect(ctx, c, name)
+	_, st, err := b.inspect(ctx, b.c, name)
 	return st, err
 }
 
-func (b *backend) inspect(ctx context.Context, c *clientv3.Client, name string) ([]entry, lock.State, error) {
-	resp, err := c.Get(ctx, Prefix(name), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+func (b *backend) inspect(ctx context.Context, c *client, name string) ([]entry, lock.State, error) {
+	resp, err := c.get(ctx, queueRange(name, false))
 	if err != nil {
 		return nil, lock.State{}, b.classify(err)
 	}
@@ -51,17 +43,17 @@ func (b *backend) inspect(ctx context.Context, c *clientv3.Client, name string) 
 
 // holder is what the key e records, and when its lease runs out by the
 // server's count of the seconds it has left.
-func (b *backend) holder(ctx context.Context, c *clientv3.Client, e entry) (lock.Holder, error) {
+func (b *backend) holder(ctx context.Context, c *client, e entry) (lock.Holder, error) {
 	h := lock.Holder{Token: e.rev}
 	if r := e.rec; r != nil {
 		h.Host, h.PID, h.Command, h.AcquiredAt = r.Host, r.PID, r.Command, r.AcquiredAt
 	}
-	resp, err := c.TimeToLive(ctx, e.lease)
+	ttl, err := c.timeToLive(ctx, e.lease)
 	if err != nil {
 		return lock.Holder{}, b.classify(err)
 	}
-	if resp.TTL >= 0 {
-		h.ExpiresAt = time.Now().Add(time.Duration(resp.TTL) * time.Second).Truncate(time.Second)
+	if ttl >= 0 {
+		h.ExpiresAt = time.Now().Add(time.Duration(ttl) * time.Second).Truncate(time.Second)
 	}
 	return h, nil
 }
@@ -71,21 +63,16 @@ func (b *backend) holder(ctx context.Context, c *clientv3.Client, e entry) (lock
 // of etcdctl lock and etcd elections too: they are the same recipe) and a
 // holder.
 func (b *backend) List(ctx context.Context) ([]lock.State, error) {
-	c, err := b.connect(ctx)
-	if err != nil {
-		return nil, err
-	}
+	c := b.c
 	var names []string
 	seen := map[string]bool{}
 	from, rev := "\x00", int64(0)
 	for {
-		opts := []clientv3.OpOption{clientv3.WithFromKey(), clientv3.WithKeysOnly(), clientv3.WithLimit(listPage)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev))
-		}
-		resp, err := c.Get(ctx, from, opts...)
+		// A range_end of "\x00" is every key from the key on
+		// (clientv3.WithFromKey).
+		resp, err := c.get(ctx, &rangeRequest{Key: []byte(from), RangeEnd: []byte{0}, KeysOnly: true, Limit: listPage, Revision: rev})
 		if err != nil {
-			if errors.Is(err, rpctypes.ErrPermissionDenied) {
+			if is(err, msgPermissionDenied) {
 				return nil, lock.Errorf(lock.ErrRefused, "etcd at %s: permission denied; withlock status without NAME reads every key (keys only), which needs read permission on the whole key space; name the lock instead", b.addr)
 			}
 			return nil, b.classify(err)
@@ -127,17 +114,14 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 // holder's next Keep finds its lease gone (ErrLost), and the waiters' turn
 // comes. Revoking needs write permission on the lease's keys.
 func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error) {
-	c, err := b.connect(ctx)
-	if err != nil {
-		return nil, err
-	}
+	c := b.c
 	hs, st, err := b.inspect(ctx, c, name)
 	if err != nil {
 		return nil, err
 	}
 	for _, e := range hs {
-		if _, err := c.Revoke(ctx, e.lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			if errors.Is(err, rpctypes.ErrPermissionDenied) {
+		if err := c.revoke(ctx, e.lease); err != nil && !is(err, msgLeaseNotFound) {
+			if is(err, msgPermissionDenied) {
 				return nil, lock.Errorf(lock.ErrRefused, "etcd at %s: permission denied to revoke the holder's lease; it needs write permission on %s", b.addr, Prefix(name))
 			}
 			return nil, b.classify(err)

@@ -1,0 +1,631 @@
+package etcd
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// client speaks etcd's v3 API as JSON over HTTP: the gRPC gateway that
+// every member serves on its client port, under /v3/, since etcd 3.4. It
+// is a client of the few requests the lock needs, written here so that
+// withlock does not link the official client: its gRPC, protobuf and zap
+// packages initialise themselves in every withlock process, whatever its
+// backend (see README, Performance).
+//
+// Keys and values are bytes, which encoding/json writes in base64, as the
+// gateway wants them; int64 fields are JSON strings (the ",string" tags).
+// Each method is one request: no retries (lock.Acquire and lock.Held are
+// the retry loops), with two exceptions that are not a second attempt of
+// the same request: the next endpoint is tried when one cannot be dialled
+// (the request never left), and a request refused for its auth token
+// (expired, or older than the server's auth store) is sent again once with
+// a new token (the server refused it before doing anything).
+type client struct {
+	endpoints      []string // base URLs: http(s)://HOST:PORT
+	user, password string
+	hc             *http.Client
+
+	mu    sync.Mutex
+	cur   int    // the endpoint that answered last: tried first
+	token string // the auth token, once fetched
+}
+
+// dialTimeout bounds a connection attempt to one endpoint of several, so
+// that one that does not answer leaves time for the others.
+const dialTimeout = 2 * time.Second
+
+func newClient(endpoints []string, user, password string, tlsCfg *tls.Config) *client {
+	d := &net.Dialer{
+		Timeout: callTimeout,
+		// A connection whose peer is gone without a word (a partition, a
+		// NAT that forgot it) fails within about 25s instead of the
+		// kernel's hours, as the official client's gRPC pings did; a
+		// waiter's watch waits on one such connection.
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3},
+	}
+	if len(endpoints) > 1 {
+		d.Timeout = dialTimeout
+	}
+	tr := &http.Transport{
+		// No proxy from the environment: etcd is reached directly, as the
+		// official client (gRPC with a dialer of its own) did.
+		Proxy:               nil,
+		DialContext:         d.DialContext,
+		TLSClientConfig:     tlsCfg,
+		TLSHandshakeTimeout: callTimeout,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     time.Minute,
+		DisableCompression:  true,
+	}
+	return &client{endpoints: endpoints, user: user, password: password, hc: &http.Client{Transport: tr}}
+}
+
+// close drops the idle connections; requests in flight end with their
+// contexts.
+func (c *client) close() { c.hc.CloseIdleConnections() }
+
+// serverError is an error etcd answered: its gRPC code and its message,
+// which is etcdserver's error text ("etcdserver: requested lease not
+// found"), as rpctypes has them.
+type serverError struct {
+	code   int // gRPC status code
+	msg    string
+	status int // the HTTP status, 0 inside a stream
+}
+
+func (e *serverError) Error() string { return e.msg }
+
+// gRPC status codes the errors are sorted by.
+const (
+	codeCanceled          = 1
+	codeUnknown           = 2
+	codeDeadlineExceeded  = 4
+	codeNotFound          = 5
+	codePermissionDenied  = 7
+	codeResourceExhausted = 8
+	codeUnavailable       = 14
+)
+
+// etcdserver's error texts that withlock tells apart (rpctypes).
+const (
+	msgLeaseNotFound    = "etcdserver: requested lease not found"
+	msgAuthFailed       = "etcdserver: authentication failed, invalid user ID or password"
+	msgPermissionDenied = "etcdserver: permission denied"
+	msgInvalidToken     = "etcdserver: invalid auth token"
+	msgAuthOldRevision  = "etcdserver: revision of auth store is old"
+	msgNoSpace          = "etcdserver: mvcc: database space exceeded"
+	msgTooManyRequests  = "etcdserver: too many requests"
+)
+
+// is reports whether err is the server's error with message msg.
+func is(err error, msg string) bool {
+	var se *serverError
+	return errors.As(err, &se) && se.msg == msg
+}
+
+// errorBody is an error in the gateway's JSON: {"code", "message"} (and
+// "error", the same message, from the grpc-gateway of etcd 3.4 and 3.5);
+// inside a stream, {"error": {"grpc_code" or "code", "message"}}.
+type errorBody struct {
+	Code     *int   `json:"code"`
+	GRPCCode *int   `json:"grpc_code"`
+	Message  string `json:"message"`
+	Error    string `json:"error"`
+}
+
+func (b errorBody) err(status int) *serverError {
+	e := &serverError{code: codeUnknown, msg: b.Message, status: status}
+	if e.msg == "" {
+		e.msg = b.Error
+	}
+	if b.GRPCCode != nil {
+		e.code = *b.GRPCCode
+	} else if b.Code != nil {
+		e.code = *b.Code
+	}
+	return e
+}
+
+// httpError reads the error of an answer that is not 200. One without the
+// gateway's JSON is not etcd's v3 API speaking: a 5xx is a server (or a
+// proxy in front of it) that cannot serve now; anything else is a refusal.
+func httpError(resp *http.Response) error {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return err
+	}
+	var b errorBody
+	if json.Unmarshal(body, &b) == nil && (b.Message != "" || b.Error != "") {
+		return b.err(resp.StatusCode)
+	}
+	e := &serverError{code: codeUnknown, status: resp.StatusCode,
+		msg: fmt.Sprintf("HTTP %s to %s, not an answer of etcd's v3 API (etcd 3.4 or later serves it on its client port)", resp.Status, resp.Request.URL.Path)}
+	if resp.StatusCode >= 500 {
+		e.code = codeUnavailable
+	}
+	return e
+}
+
+// post sends body to path on the endpoint that answered last, or the next
+// one while they cannot be dialled, with the auth token, and returns the
+// answer if it is 200. A request refused for its token is sent again once
+// with a new one.
+func (c *client) post(ctx context.Context, path string, body []byte, header http.Header) (*http.Response, error) {
+	c.mu.Lock()
+	first := c.cur
+	c.mu.Unlock()
+	var err error
+	for i := range c.endpoints {
+		ep := (first + i) % len(c.endpoints)
+		var resp *http.Response
+		resp, err = c.postTo(ctx, ep, path, body, header)
+		if err == nil {
+			c.mu.Lock()
+			c.cur = ep
+			c.mu.Unlock()
+			return resp, nil
+		}
+		if !dialFailed(err) || ctx.Err() != nil {
+			if timedOut(err) && len(c.endpoints) > 1 {
+				// The request may have been served, so it is not sent
+				// elsewhere; but the next one goes to the next endpoint.
+				c.mu.Lock()
+				if c.cur == ep {
+					c.cur = (ep + 1) % len(c.endpoints)
+				}
+				c.mu.Unlock()
+			}
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+// postTo is post to one endpoint: authenticating first when the URL has a
+// user and there is no token yet.
+func (c *client) postTo(ctx context.Context, ep int, path string, body []byte, header http.Header) (*http.Response, error) {
+	for again := true; ; again = false {
+		token, err := c.authToken(ctx, ep)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.send(ctx, ep, path, body, header, token)
+		if err == nil {
+			return resp, nil
+		}
+		if c.user != "" && again && (is(err, msgInvalidToken) || is(err, msgAuthOldRevision)) {
+			c.dropToken(token)
+			continue
+		}
+		return nil, err
+	}
+}
+
+// send is one HTTP request.
+func (c *client) send(ctx context.Context, ep int, path string, body []byte, header http.Header, token string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoints[ep]+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		// The gateway passes Authorization on as the gRPC metadata the
+		// server reads the token from.
+		req.Header.Set("Authorization", token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, httpError(resp)
+	}
+	return resp, nil
+}
+
+// authToken returns the token to send, fetching one from endpoint ep if
+// the URL has a user and there is none.
+func (c *client) authToken(ctx context.Context, ep int) (string, error) {
+	if c.user == "" {
+		return "", nil
+	}
+	c.mu.Lock()
+	token := c.token
+	c.mu.Unlock()
+	if token != "" {
+		return token, nil
+	}
+	body, _ := json.Marshal(authRequest{Name: c.user, Password: c.password})
+	resp, err := c.send(ctx, ep, "/v3/auth/authenticate", body, nil, "")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var r authResponse
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		return "", err
+	}
+	if r.Token == "" {
+		return "", &serverError{code: codeUnknown, msg: "etcd answered the authentication without a token"}
+	}
+	c.mu.Lock()
+	c.token = r.Token
+	c.mu.Unlock()
+	return r.Token, nil
+}
+
+// dropToken forgets token, if it is still the one in use, so that the next
+// request fetches a new one.
+func (c *client) dropToken(token string) {
+	c.mu.Lock()
+	if c.token == token {
+		c.token = ""
+	}
+	c.mu.Unlock()
+}
+
+// dialFailed reports whether err is a connection that could not be made:
+// the request never left.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// timedOut reports whether err is a request that got no answer in time.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// do sends in to path and decodes the answer into out.
+func (c *client) do(ctx context.Context, path string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	resp, err := c.post(ctx, path, body, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("reading etcd's answer: %w", err)
+	}
+	return nil
+}
+
+// stream is the answer of a streaming request (watch, lease keep-alive):
+// one JSON object per message, {"result": ...} or {"error": ...}.
+type stream struct {
+	body io.ReadCloser
+	dec  *json.Decoder
+}
+
+// errStreamEnded is a stream that the server ended without an error.
+var errStreamEnded = errors.New("the stream ended")
+
+// openStream sends in to path, a streaming request. The gateway reads the
+// request's body as the messages to send, so the one message is all of
+// it; the server goes on answering after the body's end.
+func (c *client) openStream(ctx context.Context, path string, in any, header http.Header) (*stream, error) {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.post(ctx, path, body, header)
+	if err != nil {
+		return nil, err
+	}
+	return &stream{body: resp.Body, dec: json.NewDecoder(resp.Body)}, nil
+}
+
+// next decodes the next message into out.
+func (s *stream) next(out any) error {
+	var m struct {
+		Result json.RawMessage `json:"result"`
+		Error  *errorBody      `json:"error"`
+	}
+	if err := s.dec.Decode(&m); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errStreamEnded
+		}
+		return err
+	}
+	if m.Error != nil {
+		return m.Error.err(0)
+	}
+	if m.Result == nil {
+		return errors.New("etcd sent a stream message without a result")
+	}
+	return json.Unmarshal(m.Result, out)
+}
+
+// close ends the stream. One that the server has ended is read to its end
+// first, so that its connection can be used again.
+func (s *stream) close() {
+	io.Copy(io.Discard, io.LimitReader(s.body, 64<<10))
+	s.body.Close()
+}
+
+// abort ends a stream that is still going (a watch): its connection is
+// closed.
+func (s *stream) abort() { s.body.Close() }
+
+// The messages, as the gateway writes etcdserverpb's in JSON (proto field
+// names, int64 as strings, bytes in base64, enums by name, zero values
+// left out).
+
+type header struct {
+	Revision int64 `json:"revision,string"`
+}
+
+type keyValue struct {
+	Key            []byte `json:"key"`
+	CreateRevision int64  `json:"create_revision,string"`
+	ModRevision    int64  `json:"mod_revision,string"`
+	Value          []byte `json:"value"`
+	Lease          int64  `json:"lease,string"`
+}
+
+type rangeRequest struct {
+	Key        []byte `json:"key"`
+	RangeEnd   []byte `json:"range_end,omitempty"`
+	Limit      int64  `json:"limit,omitempty,string"`
+	Revision   int64  `json:"revision,omitempty,string"`
+	SortOrder  string `json:"sort_order,omitempty"`
+	SortTarget string `json:"sort_target,omitempty"`
+	KeysOnly   bool   `json:"keys_only,omitempty"`
+}
+
+type rangeResponse struct {
+	Header header      `json:"header"`
+	Kvs    []*keyValue `json:"kvs"`
+	More   bool        `json:"more"`
+}
+
+type putRequest struct {
+	Key         []byte `json:"key"`
+	Value       []byte `json:"value,omitempty"`
+	Lease       int64  `json:"lease,omitempty,string"`
+	IgnoreValue bool   `json:"ignore_value,omitempty"`
+	IgnoreLease bool   `json:"ignore_lease,omitempty"`
+}
+
+type deleteRangeRequest struct {
+	Key      []byte `json:"key"`
+	RangeEnd []byte `json:"range_end,omitempty"`
+}
+
+type deleteRangeResponse struct {
+	Deleted int64 `json:"deleted,string"`
+}
+
+// compare is a transaction's condition; withlock's are all
+// "create_revision of key = rev".
+type compare struct {
+	Key            []byte `json:"key"`
+	Target         string `json:"target"`
+	Result         string `json:"result"`
+	CreateRevision int64  `json:"create_revision,string"`
+}
+
+// createRevisionIs is the condition CreateRevision(key) = rev (0: key
+// absent), as clientv3.Compare(clientv3.CreateRevision(key), "=", rev).
+func createRevisionIs(key string, rev int64) compare {
+	return compare{Key: []byte(key), Target: "CREATE", Result: "EQUAL", CreateRevision: rev}
+}
+
+type requestOp struct {
+	Range       *rangeRequest       `json:"request_range,omitempty"`
+	Put         *putRequest         `json:"request_put,omitempty"`
+	DeleteRange *deleteRangeRequest `json:"request_delete_range,omitempty"`
+}
+
+type txnRequest struct {
+	Compare []compare   `json:"compare"`
+	Success []requestOp `json:"success"`
+}
+
+type responseOp struct {
+	Range *rangeResponse `json:"response_range"`
+}
+
+type txnResponse struct {
+	Header    header       `json:"header"`
+	Succeeded bool         `json:"succeeded"`
+	Responses []responseOp `json:"responses"`
+}
+
+type leaseRequest struct {
+	ID  int64 `json:"ID,string"`
+	TTL int64 `json:"TTL,omitempty,string"`
+}
+
+type leaseResponse struct {
+	ID  int64 `json:"ID,string"`
+	TTL int64 `json:"TTL,string"`
+}
+
+type authRequest struct {
+	Name     string `json:"name"`
+	Password string `json:"password"`
+}
+
+type authResponse struct {
+	Token string `json:"token"`
+}
+
+type watchCreate struct {
+	Key           []byte   `json:"key"`
+	RangeEnd      []byte   `json:"range_end,omitempty"`
+	StartRevision int64    `json:"start_revision,omitempty,string"`
+	Filters       []string `json:"filters,omitempty"`
+	PrevKV        bool     `json:"prev_kv,omitempty"`
+}
+
+type watchRequest struct {
+	Create watchCreate `json:"create_request"`
+}
+
+type watchEvent struct {
+	Type   string    `json:"type"` // "DELETE", or absent for a put
+	Kv     *keyValue `json:"kv"`
+	PrevKv *keyValue `json:"prev_kv"`
+}
+
+type watchResponse struct {
+	Header          header       `json:"header"`
+	Created         bool         `json:"created"`
+	Canceled        bool         `json:"canceled"`
+	CompactRevision int64        `json:"compact_revision,string"`
+	CancelReason    string       `json:"cancel_reason"`
+	Events          []watchEvent `json:"events"`
+}
+
+// prefixEnd is the end of the range of keys that begin with prefix, as
+// clientv3.GetPrefixRangeEnd.
+func prefixEnd(prefix string) []byte {
+	end := []byte(prefix)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] < 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return []byte{0} // every key after prefix
+}
+
+// The requests.
+
+func (c *client) get(ctx context.Context, r *rangeRequest) (*rangeResponse, error) {
+	var resp rangeResponse
+	return &resp, c.do(ctx, "/v3/kv/range", r, &resp)
+}
+
+func (c *client) txn(ctx context.Context, r *txnRequest) (*txnResponse, error) {
+	var resp txnResponse
+	return &resp, c.do(ctx, "/v3/kv/txn", r, &resp)
+}
+
+func (c *client) grant(ctx context.Context, ttl int64) (int64, error) {
+	var resp leaseResponse
+	if err := c.do(ctx, "/v3/lease/grant", leaseRequest{TTL: ttl}, &resp); err != nil {
+		return 0, err
+	}
+	return resp.ID, nil
+}
+
+func (c *client) revoke(ctx context.Context, id int64) error {
+	var resp struct{}
+	return c.do(ctx, "/v3/lease/revoke", leaseRequest{ID: id}, &resp)
+}
+
+// timeToLive returns the seconds lease id has left, -1 if it is gone.
+func (c *client) timeToLive(ctx context.Context, id int64) (int64, error) {
+	var resp leaseResponse
+	if err := c.do(ctx, "/v3/lease/timetolive", leaseRequest{ID: id}, &resp); err != nil {
+		return 0, err
+	}
+	return resp.TTL, nil
+}
+
+// keepAliveOnce renews lease id once: one LeaseKeepAlive stream, one
+// request, one answer. An expired or revoked lease is a serverError with
+// msgLeaseNotFound, as the official client says it (the server answers
+// it with a TTL of 0).
+func (c *client) keepAliveOnce(ctx context.Context, id int64) error {
+	s, err := c.openStream(ctx, "/v3/lease/keepalive", leaseRequest{ID: id}, nil)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	var resp leaseResponse
+	if err := s.next(&resp); err != nil {
+		return err
+	}
+	if resp.TTL <= 0 {
+		return &serverError{code: codeNotFound, msg: msgLeaseNotFound}
+	}
+	return nil
+}
+
+// requireLeader asks the server to end a watch when its member has no
+// leader (clientv3.WithRequireLeader): the gateway passes Grpc-Metadata-*
+// on as gRPC metadata.
+var requireLeader = http.Header{"Grpc-Metadata-Hasleader": {"true"}}
+
+// watch opens a watch and reads its first answer, which says that it was
+// created or why not.
+func (c *client) watch(ctx context.Context, w watchCreate) (*stream, error) {
+	s, err := c.openStream(ctx, "/v3/watch", watchRequest{Create: w}, requireLeader)
+	if err != nil {
+		return nil, err
+	}
+	var resp watchResponse
+	if err := s.next(&resp); err != nil {
+		s.abort()
+		return nil, err
+	}
+	if err := resp.err(); err != nil {
+		s.abort()
+		return nil, err
+	}
+	if !resp.Created {
+		s.abort()
+		return nil, errors.New("etcd did not say the watch was created")
+	}
+	return s, nil
+}
+
+// err is the reason of a cancelled watch: a serverError with etcdserver's
+// text (the server writes gRPC's "rpc error: code = ... desc = " before
+// it).
+func (r *watchResponse) err() error {
+	if !r.Canceled {
+		return nil
+	}
+	if r.CompactRevision != 0 {
+		return errCompacted
+	}
+	msg := r.CancelReason
+	if i := strings.Index(msg, "desc = "); i >= 0 {
+		msg = msg[i+len("desc = "):]
+	}
+	if msg == "" {
+		msg = "etcd cancelled the watch"
+	}
+	return &serverError{code: codeUnknown, msg: msg}
+}
+
+// errCompacted is a watch from a revision the server no longer has.
+var errCompacted = errors.New("etcdserver: mvcc: required revision has been compacted")
+
+// forgetToken forgets the auth token, so that the next request fetches a
+// new one.
+func (c *client) forgetToken() {
+	c.mu.Lock()
+	c.token = ""
+	c.mu.Unlock()
+}
+
+// rangeAt is the keys read by the transaction's i-th request, a range.
+func rangeAt(resp *txnResponse, i int) []*keyValue {
+	if i >= len(resp.Responses) || resp.Responses[i].Range == nil {
+		return nil
+	}
+	return resp.Responses[i].Range.Kvs
+}
