@@ -175,20 +175,34 @@ func (c *client) post(ctx context.Context, path string, body []byte, header http
 			c.mu.Unlock()
 			return resp, nil
 		}
-		if !dialFailed(err) || ctx.Err() != nil {
-			if timedOut(err) && len(c.endpoints) > 1 {
-				// The request may have been served, so it is not sent
-				// elsewhere; but the next one goes to the next endpoint.
-				c.mu.Lock()
-				if c.cur == ep {
-					c.cur = (ep + 1) % len(c.endpoints)
-				}
-				c.mu.Unlock()
-			}
-			return nil, err
+		if dialFailed(err) && ctx.Err() == nil {
+			continue
 		}
+		if len(c.endpoints) > 1 && cannotServe(err) {
+			// The request may have been served, so it is not sent
+			// elsewhere; but the next one goes to the next endpoint, as
+			// the official client's balancer would have sent it: a member
+			// cut off from its leader answers, but cannot serve.
+			c.mu.Lock()
+			if c.cur == ep {
+				c.cur = (ep + 1) % len(c.endpoints)
+			}
+			c.mu.Unlock()
+		}
+		return nil, err
 	}
 	return nil, err
+}
+
+// cannotServe reports whether err says that the endpoint cannot serve
+// for now: no answer in time, a connection that broke, or the server's
+// "unavailable" (no leader, request timed out).
+func cannotServe(err error) bool {
+	var se *serverError
+	if errors.As(err, &se) {
+		return se.code == codeUnavailable || se.code == codeDeadlineExceeded
+	}
+	return !errors.Is(err, context.Canceled)
 }
 
 // postTo is post to one endpoint: authenticating first when the URL has a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -501,6 +502,39 @@ func TestErrors(t *testing.T) {
 				t.Errorf("%s: %v; want the member that answers used", lock.Redact(u), err)
 			}
 		}
+	})
+	t.Run("cluster, one member does not answer", func(t *testing.T) {
+		// A member that takes connections and never answers (stopped, or
+		// cut off behind a proxy): the request sent to it times out, and
+		// the next one goes to the next member, as the official client's
+		// balancer did.
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+			}
+		}()
+		u := strings.Replace(withUser("app", "apppw"), "@", "@"+l.Addr().String()+",", 1)
+		b := locktest.Open(t, u, lock.Options{})
+		ctx, cancel := context.WithTimeout(locktest.Context(t), time.Second)
+		_, err = b.TryAcquire(ctx, "jobs/hung")
+		cancel()
+		if !errors.Is(err, lock.ErrUnavailable) {
+			t.Errorf("TryAcquire sent to the member that does not answer: %v; want ErrUnavailable", err)
+		}
+		l2, err := b.TryAcquire(locktest.Context(t), "jobs/hung")
+		if err != nil {
+			t.Fatalf("the next TryAcquire: %v; want it sent to the member that answers", err)
+		}
+		l2.Release(locktest.Context(t))
 	})
 	t.Run("paused", func(t *testing.T) {
 		// The first request connects; then the server stops answering.
