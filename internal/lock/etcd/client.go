@@ -562,13 +562,21 @@ func (c *client) timeToLive(ctx context.Context, id int64) (int64, error) {
 // msgLeaseNotFound, as the official client says it (the server answers
 // it with a TTL of 0).
 func (c *client) keepAliveOnce(ctx context.Context, id int64) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	s, err := c.openStream(ctx, "/v3/lease/keepalive", leaseRequest{ID: id}, nil)
 	if err != nil {
 		return err
 	}
-	defer s.close()
 	var resp leaseResponse
-	if err := s.next(&resp); err != nil {
+	err = s.next(&resp)
+	// The server ends the stream right after its answer (the request's
+	// body has ended); a server that stalls then does not hold the
+	// renewal up for long: its connection is dropped instead.
+	t := time.AfterFunc(time.Second, cancel)
+	s.close()
+	t.Stop()
+	if err != nil {
 		return err
 	}
 	if resp.TTL <= 0 {
