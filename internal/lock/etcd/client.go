@@ -319,6 +319,9 @@ func (c *client) do(ctx context.Context, path string, in, out any) error {
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("reading etcd's answer: %w", err)
 	}
+	// Read to the end (a newline, a chunked answer's last chunk), so
+	// that the connection is used again.
+	io.Copy(io.Discard, resp.Body)
 	return nil
 }
 

@@ -18,9 +18,9 @@
 // its own; `etcdctl lock` waits for every earlier key, so it still excludes
 // and is excluded by both.
 //
-// concurrency.Mutex's requests are those of Mutex.TryLock and Mutex.Lock,
-// but withlock's lease is kept by lock.Held alone, one KeepAlive request
-// per Keep, so that one loop decides when the lock is lost (a
+// The requests are those of concurrency.Mutex's TryLock and Lock, but
+// withlock's lease is kept by lock.Held alone, one KeepAlive request per
+// Keep, so that one loop decides when the lock is lost (a
 // concurrency.Session keeps its lease alive with a loop of its own).
 package etcd
 
