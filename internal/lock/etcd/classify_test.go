@@ -53,9 +53,16 @@ func TestClassify(t *testing.T) {
 		{401, `{"message":"etcdserver: invalid auth token","code":3}`, lock.ErrUnavailable, "invalid auth token"},
 		{503, `{"message":"etcdserver: no leader","code":14}`, lock.ErrUnavailable, "no leader"},
 		{503, `{"message":"etcdserver: request timed out","code":14}`, lock.ErrUnavailable, "request timed out"},
+		// A member that is stopping: its gateway's connection to its own
+		// gRPC server closes (the script etcd/restart saw withlock give up
+		// with "context canceled" when this was taken for the caller's).
+		{503, `{"error":"transport is closing","message":"transport is closing","code":14}`, lock.ErrUnavailable, "transport is closing"},
+		{499, `{"error":"grpc: the client connection is closing","message":"grpc: the client connection is closing","code":1}`, lock.ErrUnavailable, "closing"},
 		{429, `{"message":"etcdserver: too many requests","code":8}`, lock.ErrUnavailable, "busy"},
 		{429, `{"message":"etcdserver: mvcc: database space exceeded","code":8}`, lock.ErrRefused, "out of space"},
 		{400, `{"message":"etcdserver: user name is empty","code":3}`, lock.ErrRefused, "user name is empty"},
+		{500, `{"error":"some failure of the gateway","code":2}`, lock.ErrUnavailable, "some failure"},
+		{400, `{"error":"etcdserver: key is not provided","code":3}`, lock.ErrRefused, "key is not provided"},
 		{502, `<html>Bad Gateway</html>`, lock.ErrUnavailable, "HTTP"},
 		{404, `404 page not found`, lock.ErrRefused, "not an answer of etcd's v3 API"},
 	} {

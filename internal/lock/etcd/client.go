@@ -81,6 +81,8 @@ type serverError struct {
 	code   int // gRPC status code
 	msg    string
 	status int // the HTTP status, 0 inside a stream
+	// foreign is an answer without the gateway's JSON: not etcd's v3 API.
+	foreign bool
 }
 
 func (e *serverError) Error() string { return e.msg }
@@ -148,7 +150,7 @@ func httpError(resp *http.Response) error {
 	if json.Unmarshal(body, &b) == nil && (b.Message != "" || b.Error != "") {
 		return b.err(resp.StatusCode)
 	}
-	e := &serverError{code: codeUnknown, status: resp.StatusCode,
+	e := &serverError{code: codeUnknown, status: resp.StatusCode, foreign: true,
 		msg: fmt.Sprintf("HTTP %s to %s, not an answer of etcd's v3 API (etcd 3.4 or later serves it on its client port)", resp.Status, resp.Request.URL.Path)}
 	if resp.StatusCode >= 500 {
 		e.code = codeUnavailable

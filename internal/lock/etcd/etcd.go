@@ -169,10 +169,18 @@ func (b *backend) classify(err error) error {
 	}
 	msg := se.msg
 	switch {
+	case se.foreign && se.code == codeUnavailable:
+		return lock.Unreachable(what, msg)
+	case se.foreign:
+		return lock.Errorf(lock.ErrRefused, "%s refused: %s", what, msg)
 	case se.code == codeDeadlineExceeded:
 		return lock.Unreachable(what, "timed out")
 	case se.code == codeCanceled:
-		return fmt.Errorf("%s: %w", what, context.Canceled)
+		// Not the caller's cancellation, which ends the request on our
+		// side (classifyTransport): the gateway's own gRPC connection to
+		// its server was closing ("grpc: the client connection is
+		// closing"), as it is while etcd stops.
+		return lock.Unreachable(what, msg)
 	case msg == msgAuthFailed:
 		return lock.Errorf(lock.ErrRefused, "%s refused the user and password: %s", what, msg)
 	case msg == msgPermissionDenied:
@@ -192,6 +200,10 @@ func (b *backend) classify(err error) error {
 		return lock.Unreachable(what, msg)
 	case se.code == codeResourceExhausted && msg == msgTooManyRequests:
 		return lock.Errorf(lock.ErrUnavailable, "%s is busy: %s", what, msg)
+	case se.code == codeUnknown && !strings.HasPrefix(msg, "etcdserver:"):
+		// Not the server's answer but its gateway's, about reaching the
+		// server behind it.
+		return lock.Unreachable(what, msg)
 	}
 	return lock.Errorf(lock.ErrRefused, "%s refused: %s", what, msg)
 }
