@@ -128,7 +128,8 @@ func (k *Kube) Namespace(name string) error {
 
 // Grant lets user (a static user, or system:serviceaccount:NS:NAME) get,
 // list, watch, create, update, patch and delete Leases in namespace, and
-// nothing else: a Role withlock-leases and a RoleBinding to user.
+// nothing else: a Role withlock-leases and a RoleBinding to user. It
+// returns once the server's authorizer lets user in.
 func (k *Kube) Grant(namespace, user string) error {
 	rbac := "/apis/rbac.authorization.k8s.io/v1/namespaces/" + namespace
 	role := map[string]any{"metadata": map[string]any{"name": "withlock-leases"}, "rules": []any{map[string]any{
@@ -137,7 +138,23 @@ func (k *Kube) Grant(namespace, user string) error {
 	binding := map[string]any{"metadata": map[string]any{"name": "withlock-leases-" + strings.ReplaceAll(user, ":", ".")},
 		"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "withlock-leases"},
 		"subjects": []any{map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}}}
-	return errors.Join(k.create(rbac+"/roles", role), k.create(rbac+"/rolebindings", binding))
+	if err := errors.Join(k.create(rbac+"/roles", role), k.create(rbac+"/rolebindings", binding)); err != nil {
+		return err
+	}
+	// RBAC's authorizer sees the binding through a cache, a moment later:
+	// return once the server says user may update leases there.
+	review := map[string]any{"spec": map[string]any{"user": user, "resourceAttributes": map[string]any{
+		"namespace": namespace, "verb": "update", "group": "coordination.k8s.io", "resource": "leases"}}}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var answer struct{ Status struct{ Allowed bool } }
+		err := k.Do("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review, &answer)
+		if err == nil && answer.Status.Allowed {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testenv: the grant to %s in %s not in effect after 30s (%v)", user, namespace, err)
+		}
+	}
 }
 
 // ServiceAccountToken creates the service account namespace/name unless it
