@@ -743,7 +743,8 @@ func cmdCountlines(ts *testscript.TestScript, neg bool, args []string) {
 
 // signal [-group] SIG PIDFILE sends SIG (TERM, HUP, USR1, ...) to the
 // process whose pid is in PIDFILE, or with -group to its process group.
-// testscript's own kill knows only INT and KILL.
+// testscript's own kill knows only INT and KILL. A process sent STOP gets
+// CONT when the script ends, whether it passed or failed.
 func cmdSignal(ts *testscript.TestScript, neg bool, args []string) {
 	group := len(args) == 3 && args[0] == "-group"
 	if group {
@@ -762,6 +763,13 @@ func cmdSignal(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Check(err)
 	if group {
 		pid = -pid
+	}
+	if sig == unix.SIGSTOP {
+		// A script that fails while a process is stopped would hang:
+		// testscript's cleanup interrupts its background commands and
+		// waits for them, and a stopped process handles no signal. The
+		// script's own deferred work runs before that cleanup.
+		ts.Defer(func() { syscall.Kill(pid, unix.SIGCONT) })
 	}
 	ts.Check(syscall.Kill(pid, sig))
 }
