@@ -124,10 +124,10 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 				// deadline (stopped, a VM paused, a laptop asleep),
 				// and the lock may be someone else's by now. Giving
 				// up here, before any write, leaves a new holder be.
-				h.giveUp(Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", (h.opts.TTL-h.opts.Grace).Round(time.Millisecond), now.Sub(lastOK).Round(time.Millisecond)))
+				h.giveUp(Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", (h.opts.TTL - h.opts.Grace).Round(time.Millisecond), now.Sub(lastOK).Round(time.Millisecond)))
 				return
 			}
-			h.giveUp(Errorf(ErrLost, "could not confirm it for %s (last error: %v)", (h.opts.TTL-h.opts.Grace).Round(time.Millisecond), lastErr))
+			h.giveUp(Errorf(ErrLost, "could not confirm it for %s (last error: %v)", (h.opts.TTL - h.opts.Grace).Round(time.Millisecond), lastErr))
 			return
 		}
 		sent := time.Now()
