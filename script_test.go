@@ -578,11 +578,16 @@ func cmdPgsql(ts *testscript.TestScript, neg bool, args []string) {
 // $DBHOSTPORT to its address ($DBPORT to its port). "server tls" gives a
 // PostgreSQL server a certificate for 127.0.0.1 signed by a test CA,
 // $CACERT, and turns ssl on (plaintext still works); for the others see
-// serverTLS.
+// serverTLS. "server configure SETTING..." (PostgreSQL, after "server
+// start") adds postgresql.conf lines, name=value, and restarts the server.
 func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 	st := ts.Value(stateKey{}).(*scriptState)
+	if pg, ok := st.server.(*testenv.Postgres); ok && !neg && len(args) > 1 && args[0] == "configure" {
+		ts.Check(pg.Configure(strings.Join(args[1:], "\n")))
+		return
+	}
 	if neg || len(args) != 1 {
-		ts.Fatalf("usage: server start|stop|pause|resume|tls")
+		ts.Fatalf("usage: server start|stop|pause|resume|tls|configure")
 	}
 	if st.server == nil {
 		if args[0] != "start" || ts.Getenv("BACKEND") != "postgres" {
