@@ -96,7 +96,11 @@ func TestStress(t *testing.T) {
 		cfg.Runs = *nRuns
 		cfg.Progress = time.Minute
 	}
-	t.Logf("seed %d, hold %v, %d contenders, runs %d, for %v (exclusive; the other modes %v)", cfg.Seed, cfg.Hold, cfg.Contenders, cfg.Runs, *short, *shortModes)
+	if *long {
+		t.Logf("seed %d, hold %v, %d contenders, %d runs per backend and mode", cfg.Seed, cfg.Hold, cfg.Contenders, cfg.Runs)
+	} else {
+		t.Logf("seed %d, hold %v, %d contenders, for %v per backend (the modes but exclusive: %v)", cfg.Seed, cfg.Hold, cfg.Contenders, *short, *shortModes)
+	}
 
 	var (
 		mu    sync.Mutex
