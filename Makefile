@@ -46,11 +46,14 @@ bench: deps
 	go test -run '^$$' -bench . -benchtime 200x -count 5 ./internal/lock/...
 	go run ./internal/bench
 
-# The stress test of issue 15, not part of test (which runs a few seconds of it
-# per backend): 16 contenders take one lock STRESS_RUNS times per backend,
-# through a proxy that cuts connections and black-holes the network at random.
-# One line per backend at the end; see README, "Stress test". Then issue 21's
-# 100 waiters behind one holder per backend (make test runs 10).
+# The stress test of issues 15 and 13, not part of test (which runs a few
+# seconds of it per backend and mode): 16 contenders take one lock STRESS_RUNS
+# times per backend and mode (exclusive, a semaphore of 3, shared mixed with
+# exclusive), through a proxy, while an injector cuts connections,
+# black-holes the network, restarts and freezes the server, and freezes
+# holders. One line per backend and mode at the end; see README, "Stress
+# test". Then issue 21's 100 waiters behind one holder per backend (make test
+# runs 10).
 STRESS_RUNS ?= 1000
 stress: deps
 	go test -count=1 -v -timeout 90m -parallel 4 -run '^(TestStress|TestManyWaiters)$$' ./internal/stress -stress.long -stress.runs $(STRESS_RUNS) -stress.waiters 100

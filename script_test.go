@@ -578,11 +578,16 @@ func cmdPgsql(ts *testscript.TestScript, neg bool, args []string) {
 // $DBHOSTPORT to its address ($DBPORT to its port). "server tls" gives a
 // PostgreSQL server a certificate for 127.0.0.1 signed by a test CA,
 // $CACERT, and turns ssl on (plaintext still works); for the others see
-// serverTLS.
+// serverTLS. "server configure SETTING..." (PostgreSQL, after "server
+// start") adds postgresql.conf lines, name=value, and restarts the server.
 func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 	st := ts.Value(stateKey{}).(*scriptState)
+	if pg, ok := st.server.(*testenv.Postgres); ok && !neg && len(args) > 1 && args[0] == "configure" {
+		ts.Check(pg.Configure(strings.Join(args[1:], "\n")))
+		return
+	}
 	if neg || len(args) != 1 {
-		ts.Fatalf("usage: server start|stop|pause|resume|tls")
+		ts.Fatalf("usage: server start|stop|pause|resume|tls|configure")
 	}
 	if st.server == nil {
 		if args[0] != "start" || ts.Getenv("BACKEND") != "postgres" {
@@ -743,7 +748,8 @@ func cmdCountlines(ts *testscript.TestScript, neg bool, args []string) {
 
 // signal [-group] SIG PIDFILE sends SIG (TERM, HUP, USR1, ...) to the
 // process whose pid is in PIDFILE, or with -group to its process group.
-// testscript's own kill knows only INT and KILL.
+// testscript's own kill knows only INT and KILL. A process sent STOP gets
+// CONT when the script ends, whether it passed or failed.
 func cmdSignal(ts *testscript.TestScript, neg bool, args []string) {
 	group := len(args) == 3 && args[0] == "-group"
 	if group {
@@ -762,6 +768,13 @@ func cmdSignal(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Check(err)
 	if group {
 		pid = -pid
+	}
+	if sig == unix.SIGSTOP {
+		// A script that fails while a process is stopped would hang:
+		// testscript's cleanup interrupts its background commands and
+		// waits for them, and a stopped process handles no signal. The
+		// script's own deferred work runs before that cleanup.
+		ts.Defer(func() { syscall.Kill(pid, unix.SIGCONT) })
 	}
 	ts.Check(syscall.Kill(pid, sig))
 }

@@ -117,8 +117,17 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 		if waitCtx.Err() != nil {
 			return
 		}
-		if !time.Now().Before(deadline) {
-			h.giveUp(Errorf(ErrLost, "could not confirm it for %s (last error: %v)", h.opts.TTL-h.opts.Grace, lastErr))
+		if now := time.Now(); !now.Before(deadline) {
+			if lastErr == nil {
+				// No check failed: none was even tried. This process
+				// did not run from its last confirmation to past the
+				// deadline (stopped, a VM paused, a laptop asleep),
+				// and the lock may be someone else's by now. Giving
+				// up here, before any write, leaves a new holder be.
+				h.giveUp(Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", (h.opts.TTL - h.opts.Grace).Round(time.Millisecond), now.Sub(lastOK).Round(time.Millisecond)))
+				return
+			}
+			h.giveUp(Errorf(ErrLost, "could not confirm it for %s (last error: %v)", (h.opts.TTL - h.opts.Grace).Round(time.Millisecond), lastErr))
 			return
 		}
 		sent := time.Now()

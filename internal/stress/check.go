@@ -27,6 +27,12 @@ type Run struct {
 
 	LostAt int64  // when withlock's "lost the lock" line reached the harness; 0 if none
 	Stderr string // the last lines withlock wrote on stderr (up to 3, joined by " ⏎ "), for reports
+
+	Shared bool // withlock took the lock with --shared (Mixed mode)
+	// FrozenFrom and FrozenTo, if set, are when the injector stopped this
+	// run's withlock (SIGSTOP, not its command) while its section ran, and
+	// when it let it go on (SIGCONT).
+	FrozenFrom, FrozenTo int64
 }
 
 // end is when r's section stopped running: its own exit or stop line, or,
@@ -43,10 +49,35 @@ func (r Run) end() int64 {
 // end: stopped by a signal, or killed.
 func (r Run) stoppedInside() bool { return r.Entered && (r.Stopped || !r.Ended) }
 
-// Overlap is a section that entered while another's was still running.
+// Overlap is a section that entered while another's was still running, in
+// a way the mode forbids: alongside an exclusive section, as an exclusive
+// section alongside any, or as one more than MaxHolders.
 type Overlap struct {
 	First, Second Run
 	For           time.Duration // how long both ran
+}
+
+// Rules are what Check holds the runs of one backend and mode to.
+type Rules struct {
+	// Tokens: the backend gives fencing tokens. Every section must get one.
+	// In entry order, a section's token must be larger than that of every
+	// section that ended before it entered, if either of the two is
+	// exclusive (the server held one of them alone, so it granted them in
+	// that order); any two tokens must differ (every acquisition gets its
+	// own, in every mode). Shared and semaphore sections that did not
+	// overlap may have been granted in either order: a holder can be slow
+	// to start its command.
+	Tokens bool
+	// MaxHolders is how many sections may run at once when none of them is
+	// exclusive: 1 for an exclusive lock, N for a semaphore of N, and
+	// unlimited (0) for shared holders, which Run.Shared marks.
+	MaxHolders int
+	// FrozenGrace is the window of a frozen holder (README, Guarantees):
+	// a section whose withlock was frozen may run alongside later ones
+	// from when its withlock was stopped until FrozenGrace after it was
+	// let go on (withlock then stops it at once: TERM, KILL after
+	// --kill-after). Such overlaps are counted, not failures.
+	FrozenGrace time.Duration
 }
 
 // Report is what Check found in the runs of one backend.
@@ -62,6 +93,13 @@ type Report struct {
 	Tokens  bool // the backend gives fencing tokens, and they were checked
 
 	Overlaps []Overlap
+	// FrozenOverlaps are overlaps within a frozen holder's window
+	// (Rules.FrozenGrace): documented, so not failures.
+	FrozenOverlaps []Overlap
+	// Frozen counts the runs whose withlock was frozen.
+	Frozen int
+	// Mode names the mode for the report: "", "semaphore of 3", "mixed".
+	Mode string
 	// TokenErrors says, in entry order, each token that was not larger than
 	// the one before it, and each section that got no token on a backend
 	// that gives tokens.
@@ -86,17 +124,22 @@ type Report struct {
 	ClosestAfterStop time.Duration
 }
 
-// Check verifies the runs of one backend: no two sections ran at once, the
-// fencing tokens grew strictly in entry order (if tokens is set), and
-// withlock exited only 0 (the command's status) or 70 (lock lost, command
-// stopped). Runs may be in any order.
+// Check verifies the runs of one backend with an exclusive lock: no two
+// sections ran at once, the fencing tokens grew strictly in entry order (if
+// tokens is set), and withlock exited only 0 (the command's status) or 70
+// (lock lost, command stopped). Runs may be in any order.
 func Check(backend string, runs []Run, tokens bool) Report {
+	return CheckRules(backend, runs, Rules{Tokens: tokens, MaxHolders: 1})
+}
+
+// CheckRules is Check for any mode, and for frozen holders: see Rules.
+func CheckRules(backend string, runs []Run, rules Rules) Report {
 	r := Report{
 		Backend:          backend,
 		Runs:             len(runs),
 		Exits:            map[int]int{},
 		Unexpected:       map[int]string{},
-		Tokens:           tokens,
+		Tokens:           rules.Tokens,
 		ClosestAfterStop: -1,
 	}
 	var entered []Run
@@ -107,8 +150,17 @@ func Check(backend string, runs []Run, tokens bool) Report {
 				r.Unexpected[run.Status] = run.Stderr
 			}
 		}
+		if run.FrozenFrom != 0 {
+			r.Frozen++
+		}
 		if run.LostAt != 0 {
-			r.WorstStop = max(r.WorstStop, time.Duration(run.Exited-run.LostAt))
+			stop := time.Duration(run.Exited - run.LostAt)
+			if run.FrozenTo > run.LostAt {
+				// Said before the freeze took hold: withlock could act
+				// only once it was let go on.
+				stop = time.Duration(run.Exited - run.FrozenTo)
+			}
+			r.WorstStop = max(r.WorstStop, stop)
 		}
 		if run.Status == 0 && (!run.Ended || run.Stopped) {
 			r.Unfinished = append(r.Unfinished, run)
@@ -130,42 +182,120 @@ func Check(backend string, runs []Run, tokens bool) Report {
 	r.Entered = len(entered)
 	slices.SortFunc(entered, func(a, b Run) int { return cmp.Compare(a.Enter, b.Enter) })
 
-	// Sweep in entry order, keeping the section that ends last so far: a
-	// section that enters before that end overlaps it.
+	// Sweep in entry order, keeping the sections still running: one that
+	// enters alongside them must be allowed to by the mode.
+	// An exclusive section may run alongside no other.
+	excl := func(x Run) bool { return !x.Shared && rules.MaxHolders <= 1 }
 	var (
-		last      Run
-		lastToken int64
-		haveToken bool
+		active  []Run // sections entered and not yet ended, by entry
+		lastEnd Run   // the section that ended last so far
+		ended   bool  // lastEnd is set
 	)
-	for i, run := range entered {
-		if i > 0 {
-			switch {
-			case run.Enter < last.end():
-				r.Overlaps = append(r.Overlaps, Overlap{First: last, Second: run, For: time.Duration(min(last.end(), run.end()) - run.Enter)})
-			case last.stoppedInside():
-				gap := time.Duration(run.Enter - last.end())
-				if r.ClosestAfterStop < 0 || gap < r.ClosestAfterStop {
-					r.ClosestAfterStop = gap
+	for _, run := range entered {
+		active = slices.DeleteFunc(active, func(a Run) bool {
+			if a.end() <= run.Enter {
+				if !ended || a.end() > lastEnd.end() {
+					lastEnd, ended = a, true
 				}
+				return true
+			}
+			return false
+		})
+		// Those running alongside split into the ones a frozen holder's
+		// window excuses and the others.
+		var excused, others []Run
+		for _, a := range active {
+			if frozenWindow(a, run, rules.FrozenGrace) {
+				excused = append(excused, a)
+			} else {
+				others = append(others, a)
 			}
 		}
-		if i == 0 || run.end() > last.end() {
-			last = run
+		overlap := func(a Run) Overlap {
+			return Overlap{First: a, Second: run, For: time.Duration(min(a.end(), run.end()) - run.Enter)}
 		}
-		if !tokens {
-			continue
+		for _, a := range others {
+			if excl(a) || excl(run) {
+				r.Overlaps = append(r.Overlaps, overlap(a))
+			}
 		}
-		t, err := strconv.ParseInt(run.Token, 10, 64)
-		if err != nil {
-			r.TokenErrors = append(r.TokenErrors, fmt.Sprintf("no token (%q) at entry %d", run.Token, i+1))
-			continue
+		for _, a := range excused {
+			if excl(a) || excl(run) {
+				r.FrozenOverlaps = append(r.FrozenOverlaps, overlap(a))
+			}
 		}
-		if haveToken && t <= lastToken {
-			r.TokenErrors = append(r.TokenErrors, fmt.Sprintf("%d after %d", t, lastToken))
+		if n := rules.MaxHolders; n > 1 && len(active)+1 > n {
+			// One more than a semaphore allows: named with the first
+			// of those running that entered, excused if the others
+			// alone were few enough.
+			if len(others)+1 > n {
+				r.Overlaps = append(r.Overlaps, overlap(others[0]))
+			} else {
+				r.FrozenOverlaps = append(r.FrozenOverlaps, overlap(excused[0]))
+			}
 		}
-		lastToken, haveToken = t, true
+		if len(active) == 0 && ended && lastEnd.stoppedInside() && excl(run) {
+			gap := time.Duration(run.Enter - lastEnd.end())
+			if r.ClosestAfterStop < 0 || gap < r.ClosestAfterStop {
+				r.ClosestAfterStop = gap
+			}
+		}
+		active = append(active, run)
+	}
+	if rules.Tokens {
+		r.TokenErrors = checkTokens(entered, excl)
 	}
 	return r
+}
+
+// frozenWindow says whether b's entry alongside a is within a frozen
+// holder's window (Rules.FrozenGrace): a's withlock was frozen before b
+// entered, and a's section ended by grace after its withlock went on.
+func frozenWindow(a, b Run, grace time.Duration) bool {
+	return a.FrozenFrom != 0 && b.Enter >= a.FrozenFrom && a.end() <= a.FrozenTo+int64(grace)
+}
+
+// checkTokens checks the tokens of sections in entry order; see
+// Rules.Tokens. excl says whether a section held the lock alone.
+func checkTokens(entered []Run, excl func(Run) bool) []string {
+	var errs []string
+	tokens := make([]int64, len(entered))
+	seen := map[int64]bool{}
+	for i, run := range entered {
+		t, err := strconv.ParseInt(run.Token, 10, 64)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("no token (%q) at entry %d", run.Token, i+1))
+			tokens[i] = -1
+			continue
+		}
+		tokens[i] = t
+		if i > 0 && excl(run) && excl(entered[i-1]) {
+			// Two exclusive sections in a row: the server granted them
+			// in entry order, whether or not they overlapped (that is
+			// the overlap check's).
+			if tokens[i-1] >= 0 && t <= tokens[i-1] {
+				errs = append(errs, fmt.Sprintf("%d after %d", t, tokens[i-1]))
+			}
+			seen[t] = true
+			continue
+		}
+		if seen[t] {
+			errs = append(errs, fmt.Sprintf("token %d given twice", t))
+		}
+		seen[t] = true
+		// Every section that ended before this one entered, where either
+		// is exclusive, was granted before it.
+		var before int64 = -1
+		for j := range i {
+			if a := entered[j]; tokens[j] > before && a.end() <= run.Enter && (excl(a) || excl(run)) {
+				before = tokens[j]
+			}
+		}
+		if before >= 0 && t <= before {
+			errs = append(errs, fmt.Sprintf("%d after %d", t, before))
+		}
+	}
+	return errs
 }
 
 // Failures lists what makes r a failed run, one line each; none when the
@@ -196,7 +326,11 @@ func (r Report) Failures() []string {
 // timing of stops.
 func (r Report) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-8s | runs %d in %v, %d entered, %d stopped inside", r.Backend, r.Runs, r.Took.Round(time.Second), r.Entered, r.Stopped+r.Killed)
+	fmt.Fprintf(&b, "%-8s", r.Backend)
+	if r.Mode != "" {
+		fmt.Fprintf(&b, " | %-11s", r.Mode)
+	}
+	fmt.Fprintf(&b, " | runs %d in %v, %d entered, %d stopped inside", r.Runs, r.Took.Round(time.Second), r.Entered, r.Stopped+r.Killed)
 	if r.Killed > 0 {
 		fmt.Fprintf(&b, " (%d killed)", r.Killed)
 	}
@@ -215,6 +349,15 @@ func (r Report) String() string {
 		exits = append(exits, fmt.Sprintf("%d × %d", r.Exits[s], s))
 	}
 	fmt.Fprintf(&b, " | exits %s | overlaps %d", strings.Join(exits, ", "), len(r.Overlaps))
+	if r.Frozen > 0 {
+		exit0 := 0
+		for _, o := range r.FrozenOverlaps {
+			if o.First.Status == 0 {
+				exit0++
+			}
+		}
+		fmt.Fprintf(&b, " (%d holders frozen, %d overlaps in their window, %d of whose withlock exited 0)", r.Frozen, len(r.FrozenOverlaps), exit0)
+	}
 	if r.Tokens {
 		fmt.Fprintf(&b, " | token errors %d", len(r.TokenErrors))
 	} else {

@@ -171,3 +171,83 @@ func TestReadSection(t *testing.T) {
 		t.Error("a malformed line was accepted")
 	}
 }
+
+// A semaphore of 2: two sections at once are fine, a third is an overlap;
+// tokens need only differ between sections that ran at once.
+func TestCheckSemaphore(t *testing.T) {
+	rules := Rules{Tokens: true, MaxHolders: 2}
+	two := []Run{ran(1, 100, 300, "2"), ran(2, 150, 350, "1"), ran(3, 320, 400, "3")}
+	if r := CheckRules("x", two, rules); len(r.Failures()) != 0 {
+		t.Errorf("two at once in a semaphore of 2: %q", r.Failures())
+	}
+	three := append(two, ran(4, 200, 250, "4"))
+	r := CheckRules("x", three, rules)
+	if len(r.Overlaps) != 1 || r.Overlaps[0].Second.Contender != 4 {
+		t.Errorf("a third section in a semaphore of 2: overlaps %+v, want contender 4's", r.Overlaps)
+	}
+	dup := []Run{ran(1, 100, 300, "5"), ran(2, 150, 350, "5")}
+	if r := CheckRules("x", dup, rules); len(r.TokenErrors) != 1 {
+		t.Errorf("one token given twice: token errors %q", r.TokenErrors)
+	}
+}
+
+// Shared sections may overlap each other, never an exclusive one; an
+// exclusive section's token is larger than those of every section that
+// ended before it entered, and smaller than those of every one that entered
+// after it ended.
+func TestCheckMixed(t *testing.T) {
+	rules := Rules{Tokens: true, MaxHolders: 1}
+	shared := func(c int, enter, end int64, token string) Run {
+		r := ran(c, enter, end, token)
+		r.Shared = true
+		return r
+	}
+	clean := []Run{shared(1, 100, 300, "2"), shared(2, 150, 250, "1"), ran(3, 300, 400, "3"), shared(4, 400, 500, "4")}
+	if r := CheckRules("x", clean, rules); len(r.Failures()) != 0 {
+		t.Errorf("shared, then exclusive, then shared: %q", r.Failures())
+	}
+	r := CheckRules("x", []Run{shared(1, 100, 300, "1"), ran(2, 200, 350, "2"), shared(3, 320, 400, "3")}, rules)
+	if len(r.Overlaps) != 2 {
+		t.Errorf("an exclusive section among shared ones: overlaps %+v, want 2", r.Overlaps)
+	}
+	r = CheckRules("x", []Run{ran(1, 100, 200, "5"), shared(2, 300, 400, "4")}, rules)
+	if len(r.TokenErrors) != 1 {
+		t.Errorf("a shared section after an exclusive one with a smaller token: token errors %q", r.TokenErrors)
+	}
+}
+
+// A section whose withlock was frozen may run alongside later ones until
+// FrozenGrace after its withlock went on: counted apart, not a failure.
+// Longer, or alongside a section that entered before the freeze, it is an
+// overlap.
+func TestCheckFrozenWindow(t *testing.T) {
+	rules := Rules{MaxHolders: 1, FrozenGrace: 100 * time.Millisecond}
+	frozen := ran(1, 100, 1050, "")
+	frozen.Status, frozen.FrozenFrom, frozen.FrozenTo = 70, ms(200), ms(1000)
+	r := CheckRules("x", []Run{frozen, ran(2, 900, 1200, "")}, rules)
+	if len(r.Failures()) != 0 || len(r.FrozenOverlaps) != 1 || r.Frozen != 1 {
+		t.Errorf("within the window: failures %q, frozen overlaps %d", r.Failures(), len(r.FrozenOverlaps))
+	}
+	if !strings.Contains(r.String(), "overlaps 0 (1 holders frozen, 1 overlaps in their window, 0 of whose withlock exited 0)") {
+		t.Errorf("String() = %q", r.String())
+	}
+	late := frozen
+	late.End = ms(1150) // 150ms after it went on
+	if r := CheckRules("x", []Run{late, ran(2, 900, 1200, "")}, rules); len(r.Overlaps) != 1 {
+		t.Errorf("past the window: overlaps %+v, want 1", r.Overlaps)
+	}
+	if r := CheckRules("x", []Run{frozen, ran(2, 150, 1200, "")}, rules); len(r.Overlaps) != 1 {
+		t.Errorf("an entry before the freeze: overlaps %+v, want 1", r.Overlaps)
+	}
+	// In a semaphore of 2, a frozen holder and one more are no overlap at
+	// all; a third is one only the window excuses.
+	sem := Rules{MaxHolders: 2, FrozenGrace: 100 * time.Millisecond}
+	r = CheckRules("x", []Run{frozen, ran(2, 900, 1200, "")}, sem)
+	if len(r.Overlaps) != 0 || len(r.FrozenOverlaps) != 0 {
+		t.Errorf("two in a semaphore of 2: overlaps %+v, frozen overlaps %+v", r.Overlaps, r.FrozenOverlaps)
+	}
+	r = CheckRules("x", []Run{frozen, ran(2, 900, 1200, ""), ran(3, 950, 1100, "")}, sem)
+	if len(r.Overlaps) != 0 || len(r.FrozenOverlaps) != 1 {
+		t.Errorf("three in a semaphore of 2, one frozen: overlaps %+v, frozen overlaps %+v", r.Overlaps, r.FrozenOverlaps)
+	}
+}

@@ -21,7 +21,7 @@ import (
 // sections ran one at a time.
 func Crowd(t testing.TB, bin Binaries, b Backend, n int, cfg Config) Report {
 	t.Helper()
-	dbURL := b.Start(t)
+	dbURL, _ := b.start(t)
 	dir := t.TempDir()
 	held, release := filepath.Join(dir, "held"), filepath.Join(dir, "release")
 	holder := exec.Command(bin.Withlock, "--ttl", cfg.TTL.String(), "--kill-after", cfg.KillAfter.String(),

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,10 +70,12 @@ type Config struct {
 	// Drain bounds how long the runs under way may take to finish once new
 	// runs stopped; those still running then are killed and reported.
 	Drain time.Duration
-	// Faults returns the injector for a network backend, given its proxy;
-	// nil injects nothing.
-	Faults func(p *faultproxy.Proxy) Injector
-	Seed   uint64
+	// Faults returns the injector for a network backend, given what it can
+	// act on; nil injects nothing.
+	Faults func(tg Targets) Injector
+	// Mode is how every withlock takes the lock.
+	Mode Mode
+	Seed uint64
 	// Progress, if set, logs the number of runs so far this often.
 	Progress time.Duration
 	// Unlocked gives each contender a NAME of its own, so that nothing
@@ -81,14 +84,64 @@ type Config struct {
 	Unlocked bool
 }
 
+// Mode is how the contenders take the lock.
+type Mode struct {
+	// MaxHolders > 1 makes every withlock take a semaphore of that many
+	// places (--max-holders).
+	MaxHolders int
+	// Mixed takes two runs in three --shared and the third exclusive.
+	Mixed bool
+}
+
+// String names m for the report.
+func (m Mode) String() string {
+	switch {
+	case m.MaxHolders > 1:
+		return fmt.Sprintf("semaphore %d", m.MaxHolders)
+	case m.Mixed:
+		return "shared+excl"
+	}
+	return "exclusive"
+}
+
+// Targets are what an injector can act on for one backend.
+type Targets struct {
+	Proxy   *faultproxy.Proxy
+	Server  Server  // nil if the backend gives none
+	Holders Holders // the run's withlocks
+	TTL     time.Duration
+	// Fail reports a fault that could not be injected or ended (a server
+	// that did not start again).
+	Fail func(error)
+}
+
 // Recipe is issue 15's fault recipe for a proxy: every 0.5–2.5s at random,
 // either cut every connection or black-hole the network for 1–4s.
-func Recipe(p *faultproxy.Proxy) Injector {
+func Recipe(tg Targets) Injector {
 	return Injector{
 		MinPause: 500 * time.Millisecond,
 		MaxPause: 2500 * time.Millisecond,
-		Faults:   []Fault{Cut(p), BlackHole(p, time.Second, 4*time.Second)},
+		Faults:   []Fault{Cut(tg.Proxy), BlackHole(tg.Proxy, time.Second, 4*time.Second)},
 	}
+}
+
+// AllFaults is issue 13's recipe: issue 15's cuts and black-holes, and, as
+// often each, a restart of the server (down for 0.2–1s), a freeze of the
+// server for ttl + 0.5–2s, a freeze of a holder's withlock for as long
+// (its command runs on), and a freeze of a holder's withlock and command
+// together (a host paused): longer than the ttl, so that the lock is lost
+// and taken over.
+func AllFaults(tg Targets) Injector {
+	in := Recipe(tg)
+	long := func() (time.Duration, time.Duration) { return tg.TTL + 500*time.Millisecond, tg.TTL + 2*time.Second }
+	if tg.Server != nil {
+		in.Faults = append(in.Faults, Restart(tg.Server, 200*time.Millisecond, time.Second, tg.Fail))
+		lo, hi := long()
+		in.Faults = append(in.Faults, FreezeServer(tg.Server, lo, hi))
+	}
+	lo, hi := long()
+	in.Faults = append(in.Faults, FreezeHolder(tg.Holders, false, lo, hi), FreezeHolder(tg.Holders, true, lo, hi))
+	return in
 }
 
 // lockName is the one NAME every contender takes.
@@ -105,7 +158,8 @@ func Stress(t testing.TB, bin Binaries, b Backend, cfg Config) Report {
 	if cfg.Runs <= 0 && cfg.For <= 0 {
 		t.Fatal("stress: Config needs Runs or For")
 	}
-	dbURL := b.Start(t)
+	dbURL, srv := b.start(t)
+	h := &harness{bin: bin, cfg: cfg, dir: t.TempDir(), live: map[int]*liveRun{}}
 	var faults Injector
 	if b.Network {
 		u, err := url.Parse(dbURL)
@@ -120,10 +174,11 @@ func Stress(t testing.TB, bin Binaries, b Backend, cfg Config) Report {
 		u.Host = p.Addr()
 		dbURL = u.String()
 		if cfg.Faults != nil {
-			faults = cfg.Faults(p)
+			faults = cfg.Faults(Targets{Proxy: p, Server: srv, Holders: h, TTL: cfg.TTL,
+				Fail: func(err error) { t.Errorf("stress: %s: injecting a fault: %v", b.Name, err) }})
 		}
 	}
-	h := &harness{bin: bin, cfg: cfg, url: dbURL, dir: t.TempDir()}
+	h.url = dbURL
 
 	stop := make(chan struct{}) // closed when no new run may start
 	var stopOnce sync.Once
@@ -140,7 +195,7 @@ func Stress(t testing.TB, bin Binaries, b Backend, cfg Config) Report {
 	injected := make(chan map[string]int, 1)
 	go func() {
 		name := fnv.New64a()
-		name.Write([]byte(b.Name))
+		name.Write([]byte(b.Name + " " + cfg.Mode.String()))
 		injected <- faults.Run(injectCtx, rand.New(rand.NewPCG(cfg.Seed, name.Sum64())))
 	}()
 
@@ -207,7 +262,9 @@ func Stress(t testing.TB, bin Binaries, b Backend, cfg Config) Report {
 		killNow()
 		<-done
 	}
-	rep := Check(b.Name, runs, b.Tokens)
+	rules := Rules{Tokens: b.Tokens, MaxHolders: max(1, cfg.Mode.MaxHolders), FrozenGrace: cfg.KillAfter}
+	rep := CheckRules(b.Name, runs, rules)
+	rep.Mode = cfg.Mode.String()
 	rep.Faults = counts
 	rep.Took = time.Since(start)
 	return rep
@@ -222,6 +279,76 @@ type harness struct {
 	// waiting, if set, runs withlock with -v and is called once for each
 	// run whose withlock says that it waits (Crowd).
 	waiting func()
+
+	mu   sync.Mutex
+	live map[int]*liveRun // by pid: the withlocks running now (Stress)
+}
+
+// liveRun is a withlock running now, for FreezeHolder.
+type liveRun struct {
+	proc                 *os.Process
+	out                  string // its section's record file
+	frozenFrom, frozenTo int64
+	groups               []int // the process groups of its command, if frozen too
+}
+
+// Holding lists the withlocks whose section has entered and not ended, and
+// that were never frozen.
+func (h *harness) Holding() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var pids []int
+	for pid, l := range h.live {
+		if l.frozenFrom != 0 {
+			continue
+		}
+		b, _ := os.ReadFile(l.out)
+		if strings.HasPrefix(string(b), "enter ") && strings.Count(string(b), "\n") == 1 {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// Freeze stops pid's withlock, and with command its section's process
+// group (withlock starts its command in a group of its own).
+func (h *harness) Freeze(pid int, command bool) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l, ok := h.live[pid]
+	// os.Process.Signal never reaches another process that reused the
+	// pid: it fails once the run's withlock has been waited for.
+	if !ok || l.proc.Signal(syscall.SIGSTOP) != nil {
+		return false
+	}
+	if command {
+		// The withlock is stopped and its child not yet reaped, so the
+		// child's pid (and group) is still its own.
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				syscall.Kill(-c, syscall.SIGSTOP)
+				l.groups = append(l.groups, c)
+			}
+		}
+	}
+	l.frozenFrom = now()
+	return true
+}
+
+// Thaw lets pid's withlock, and its command if frozen, go on.
+func (h *harness) Thaw(pid int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l, ok := h.live[pid]
+	if !ok {
+		return
+	}
+	for _, g := range l.groups {
+		syscall.Kill(-g, syscall.SIGCONT)
+	}
+	l.proc.Signal(syscall.SIGCONT)
+	l.frozenTo = now()
 }
 
 // run runs one withlock with the section as its command and returns what
@@ -232,11 +359,18 @@ func (h *harness) run(kill context.Context, contender, seq int) (Run, error) {
 	if h.cfg.Unlocked {
 		name = fmt.Sprintf("%s-%d", lockName, contender)
 	}
-	var verbose []string
+	var flags []string
 	if h.waiting != nil {
-		verbose = []string{"-v"}
+		flags = []string{"-v"}
 	}
-	cmd := exec.CommandContext(kill, h.bin.Withlock, append(verbose,
+	shared := h.cfg.Mode.Mixed && (contender+seq)%3 != 0
+	switch {
+	case h.cfg.Mode.MaxHolders > 1:
+		flags = append(flags, "--max-holders", strconv.Itoa(h.cfg.Mode.MaxHolders))
+	case shared:
+		flags = append(flags, "--shared")
+	}
+	cmd := exec.CommandContext(kill, h.bin.Withlock, append(flags,
 		"--ttl", h.cfg.TTL.String(),
 		"--kill-after", h.cfg.KillAfter.String(),
 		"--connect-timeout", h.cfg.ConnectTimeout.String(),
@@ -252,12 +386,17 @@ func (h *harness) run(kill context.Context, contender, seq int) (Run, error) {
 		return Run{}, err
 	}
 	cmd.Stderr = pw
-	r := Run{Contender: contender, Started: now()}
+	r := Run{Contender: contender, Started: now(), Shared: shared}
 	err = cmd.Start()
 	pw.Close()
 	if err != nil {
 		pr.Close()
 		return Run{}, err
+	}
+	if h.live != nil {
+		h.mu.Lock()
+		h.live[cmd.Process.Pid] = &liveRun{proc: cmd.Process, out: out}
+		h.mu.Unlock()
 	}
 	scanned := make(chan struct{})
 	go func() {
@@ -281,6 +420,14 @@ func (h *harness) run(kill context.Context, contender, seq int) (Run, error) {
 	}()
 	err = cmd.Wait()
 	r.Exited = now()
+	if h.live != nil {
+		h.mu.Lock()
+		if l := h.live[cmd.Process.Pid]; l != nil {
+			r.FrozenFrom, r.FrozenTo = l.frozenFrom, l.frozenTo
+		}
+		delete(h.live, cmd.Process.Pid)
+		h.mu.Unlock()
+	}
 	// The section holds the pipe too: EOF means it is gone as well, and its
 	// record complete.
 	<-scanned

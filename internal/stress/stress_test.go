@@ -12,13 +12,14 @@ import (
 )
 
 var (
-	long     = flag.Bool("stress.long", false, "make stress: every backend (knownUnsafe too), until each has -stress.runs runs")
-	nRuns    = flag.Int("stress.runs", 1000, "with -stress.long: runs per backend")
-	short    = flag.Duration("stress.for", 5*time.Second, "without -stress.long: how long each backend is stressed")
-	hold     = flag.Duration("stress.hold", 100*time.Millisecond, "how long each critical section holds the lock")
-	seed     = flag.Uint64("stress.seed", 0, "seed of the fault injector (0: from the clock)")
-	noFaults = flag.Bool("stress.nofaults", false, "inject no faults: the contention alone, for comparison")
-	crowd    = flag.Int("stress.waiters", 10, "TestManyWaiters: waiters behind one holder per backend (make stress: 100)")
+	long       = flag.Bool("stress.long", false, "make stress: every backend (knownUnsafe too), until each has -stress.runs runs")
+	nRuns      = flag.Int("stress.runs", 1000, "with -stress.long: runs per backend")
+	short      = flag.Duration("stress.for", 5*time.Second, "without -stress.long: how long each backend is stressed in the exclusive mode")
+	shortModes = flag.Duration("stress.modefor", 3*time.Second, "without -stress.long: how long each backend is stressed in each other mode")
+	hold       = flag.Duration("stress.hold", 100*time.Millisecond, "how long each critical section holds the lock")
+	seed       = flag.Uint64("stress.seed", 0, "seed of the fault injector (0: from the clock)")
+	noFaults   = flag.Bool("stress.nofaults", false, "inject no faults: the contention alone, for comparison")
+	crowd      = flag.Int("stress.waiters", 10, "TestManyWaiters: waiters behind one holder per backend (make stress: 100)")
 )
 
 func TestMain(m *testing.M) {
@@ -60,11 +61,19 @@ var knownUnsafe = map[string]string{
 	// "mongodb": "issue 15: two holders at once and duplicate fencing tokens under faults",
 }
 
-// TestStress is issue 15's stress test: 16 contenders run the real withlock
-// (--ttl 3s --kill-after 1s --connect-timeout 60s) in a loop on one NAME,
-// through a proxy that cuts every connection or black-holes the network for
-// 1–4s every 0.5–2.5s. It fails on any overlap of two critical sections, a
-// fencing token that does not grow, or an exit status other than 0 and 70.
+// modes are the modes TestStress runs every backend in; a backend without
+// shared locks skips the mixed one. The first is the one of issue 15.
+var modes = []Mode{{}, {MaxHolders: 3}, {Mixed: true}}
+
+// TestStress is issue 15's stress test, with issue 13's faults and modes:
+// 16 contenders run the real withlock (--ttl 3s --kill-after 1s
+// --connect-timeout 60s) in a loop on one NAME, exclusive, as a semaphore of
+// 3 and shared mixed with exclusive, through a proxy; every 0.5–2.5s the
+// injector cuts every connection, black-holes the network for 1–4s,
+// restarts the server, freezes the server for longer than the ttl, or
+// freezes a holder's withlock for as long (AllFaults). It fails on any
+// overlap the mode forbids (beyond a frozen holder's window), a fencing
+// token out of order, or an exit status other than 0 and 70.
 func TestStress(t *testing.T) {
 	bin := binaries(t)
 	cfg := Config{
@@ -74,7 +83,7 @@ func TestStress(t *testing.T) {
 		KillAfter:      time.Second,
 		ConnectTimeout: 60 * time.Second,
 		Drain:          2 * time.Minute,
-		Faults:         Recipe,
+		Faults:         AllFaults,
 		Seed:           *seed,
 	}
 	if *noFaults {
@@ -86,10 +95,12 @@ func TestStress(t *testing.T) {
 	if *long {
 		cfg.Runs = *nRuns
 		cfg.Progress = time.Minute
-	} else {
-		cfg.For = *short
 	}
-	t.Logf("seed %d, hold %v, %d contenders, runs %d, for %v", cfg.Seed, cfg.Hold, cfg.Contenders, cfg.Runs, cfg.For)
+	if *long {
+		t.Logf("seed %d, hold %v, %d contenders, %d runs per backend and mode", cfg.Seed, cfg.Hold, cfg.Contenders, cfg.Runs)
+	} else {
+		t.Logf("seed %d, hold %v, %d contenders, for %v per backend (the modes but exclusive: %v)", cfg.Seed, cfg.Hold, cfg.Contenders, *short, *shortModes)
+	}
 
 	var (
 		mu    sync.Mutex
@@ -102,27 +113,45 @@ func TestStress(t *testing.T) {
 					t.Skipf("knownUnsafe: %s; make stress runs it", why)
 				}
 				t.Parallel()
-				rep := Stress(t, bin, b, cfg)
-				mu.Lock()
-				lines[b.Name] = rep.String()
-				mu.Unlock()
-				t.Log(rep)
-				for _, f := range rep.Failures() {
-					t.Error(f)
-				}
-				if rep.Entered == 0 {
-					t.Errorf("no critical section ran in %v: the harness did not work", rep.Took)
-				}
-				if *long && rep.Runs < cfg.Runs {
-					t.Errorf("%d runs, want %d", rep.Runs, cfg.Runs)
+				for i, m := range modes {
+					t.Run(strings.ReplaceAll(m.String(), " ", "_"), func(t *testing.T) {
+						if m.Mixed && !b.Shared {
+							t.Skipf("%s has no shared locks", b.Name)
+						}
+						cfg := cfg
+						cfg.Mode = m
+						if !*long {
+							// make test: the first mode for longer.
+							cfg.For = *short
+							if i > 0 {
+								cfg.For = *shortModes
+							}
+						}
+						rep := Stress(t, bin, b, cfg)
+						mu.Lock()
+						lines[b.Name+" "+m.String()] = rep.String()
+						mu.Unlock()
+						t.Log(rep)
+						for _, f := range rep.Failures() {
+							t.Error(f)
+						}
+						if rep.Entered == 0 {
+							t.Errorf("no critical section ran in %v: the harness did not work", rep.Took)
+						}
+						if *long && rep.Runs < cfg.Runs {
+							t.Errorf("%d runs, want %d", rep.Runs, cfg.Runs)
+						}
+					})
 				}
 			})
 		}
 	})
 	var table []string
 	for _, b := range Backends {
-		if l, ok := lines[b.Name]; ok {
-			table = append(table, l)
+		for _, m := range modes {
+			if l, ok := lines[b.Name+" "+m.String()]; ok {
+				table = append(table, l)
+			}
 		}
 	}
 	t.Logf("stress, %s:\n%s", time.Now().UTC().Format("2006-01-02"), strings.Join(table, "\n"))

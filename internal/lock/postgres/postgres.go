@@ -533,14 +533,17 @@ func (b *backend) failed(err error) error {
 	return b.errorAt(b.addr, kind, why)
 }
 
-// sortError sorts a driver error into ErrRefused or ErrUnavailable, and
-// says why in a few words. A network that fails (closed, reset, timed out)
+// sortError sorts a driver error into ErrRefused, ErrUnavailable or
+// errFull, and says why in a few words. A network that fails (closed, reset, timed out)
 // is never a refusal, whatever step of the start-up it cut.
 func sortError(err error) (kind error, why string) {
 	var pgErr *pgconn.PgError
 	var tlsErr *tlsError
 	switch {
 	case errors.As(err, &pgErr):
+		if pgErr.Code == "53300" {
+			return errFull, fmt.Sprintf("%s, SQLSTATE 53300", pgErr.Message)
+		}
 		if strings.HasPrefix(pgErr.Code, "08") || // connection exception
 			strings.HasPrefix(pgErr.Code, "57P") || // shutting down, starting up, terminated
 			strings.HasPrefix(pgErr.Code, "53") { // too many connections, out of memory
@@ -563,11 +566,21 @@ func sortError(err error) (kind error, why string) {
 	return lock.ErrUnavailable, lock.Reason(err)
 }
 
+// errFull is sortError's kind for a server that answered but has no
+// connection to spare (SQLSTATE 53300: max_connections, or a role's or
+// database's connection limit, reached). It is an outage, retried like one
+// (errorAt makes it ErrUnavailable), but "cannot reach" would send the
+// user to look at the network.
+var errFull = errors.New("no connection to spare")
+
 // errorAt is the message of an error sorted by sortError, for the server
 // at addr.
 func (b *backend) errorAt(addr string, kind error, why string) error {
-	if kind == lock.ErrRefused {
+	switch kind {
+	case lock.ErrRefused:
 		return lock.Errorf(kind, "postgres at %s refused: %s", addr, why)
+	case errFull:
+		return lock.Errorf(lock.ErrUnavailable, "postgres at %s has no connection to spare (%s: max_connections or a connection limit reached)", addr, why)
 	}
 	return lock.Unreachable("postgres at "+addr, why)
 }
