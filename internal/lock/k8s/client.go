@@ -245,8 +245,9 @@ type watchEvent struct {
 // labelSelector) picks, from resourceVersion rv, and sends a value on
 // changed at every event, until ctx ends or the server ends the watch. It
 // returns once the watch is open (or could not be opened); the watch runs
-// on in a goroutine that closes done when it ends.
-func (c *client) watch(ctx context.Context, ns string, selector url.Values, rv string, changed chan<- struct{}) (done <-chan struct{}, err error) {
+// on in a goroutine that closes done when it ends, and tells seen the type
+// of each event.
+func (c *client) watch(ctx context.Context, ns string, selector url.Values, rv string, changed chan<- struct{}, seen func(event string)) (done <-chan struct{}, err error) {
 	q := url.Values{"watch": {"1"}, "resourceVersion": {rv}, "timeoutSeconds": {"300"}}
 	for k, v := range selector {
 		q[k] = v
@@ -276,6 +277,7 @@ func (c *client) watch(ctx context.Context, ns string, selector url.Values, rv s
 			if json.Unmarshal(sc.Bytes(), &ev) != nil {
 				continue
 			}
+			seen(ev.Type)
 			select {
 			case changed <- struct{}{}:
 			default: // one pending wake-up is enough
@@ -304,7 +306,7 @@ func (b *backend) classify(err error, verb string) error {
 		case ae.code == http.StatusUnauthorized:
 			return lock.Errorf(lock.ErrRefused, "%s refused the credentials of %s (401 Unauthorized: %s); check the token or certificate", where, b.cfg.source, ae.Error())
 		case ae.code == http.StatusForbidden:
-			return lock.Errorf(lock.ErrRefused, "%s: %s may not %s leases (coordination.k8s.io) in namespace %q (403 Forbidden: %s); grant it a Role with verbs get, list, watch, create, update, delete on leases in %q and bind it (README, Kubernetes)",
+			return lock.Errorf(lock.ErrRefused, "%s: %s may not %s leases (coordination.k8s.io) in namespace %q (403 Forbidden: %s); grant it a Role with verbs get, list, watch, create, update on leases in %q and bind it (README, Kubernetes)",
 				where, b.cfg.source, verb, b.cfg.namespace, ae.Error(), b.cfg.namespace)
 		case ae.code == http.StatusNotFound && ae.status.Details.Kind == "namespaces":
 			return lock.Errorf(lock.ErrRefused, "%s: namespace %q does not exist (%s); create it or name another in k8s://NAMESPACE", where, b.cfg.namespace, ae.Error())

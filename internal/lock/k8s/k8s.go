@@ -174,11 +174,34 @@ func recordedN(l *Lease) int {
 }
 
 // TryAcquire takes the lock's Lease, or for a semaphore of N the first of
-// its N Leases that is free or has run out.
+// its N Leases that is free or has run out: one read (a get, or for a
+// semaphore one list of its slots), then one write.
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
+	ns := b.cfg.namespace
+	if b.want() == 1 {
+		cur, err := b.c.get(ctx, ns, LeaseName(name))
+		switch {
+		case isCode(err, http.StatusNotFound):
+			cur = nil
+		case err != nil:
+			return nil, b.classify(err, "get")
+		}
+		return b.try(ctx, name, 0, cur, 0)
+	}
+	list, err := b.c.list(ctx, ns, url.Values{"labelSelector": {LabelLock + "=" + hashOf(name)}})
+	if err != nil {
+		return nil, b.classify(err, "list")
+	}
+	slots := map[string]*Lease{}
+	var floor int32 // the highest count of acquisitions of any slot
+	for i := range list.Items {
+		l := &list.Items[i]
+		slots[l.Metadata.Name] = l
+		floor = max(floor, l.Spec.LeaseTransitions)
+	}
 	var soonest time.Duration = -1
 	for i := range b.want() {
-		l, err := b.try(ctx, name, i)
+		l, err := b.try(ctx, name, i, slots[SlotName(name, i)], floor)
 		if err == nil {
 			return l, nil
 		}
@@ -218,17 +241,16 @@ type slotHeldFor struct{ slotHeld }
 
 func (e slotHeldFor) Remaining() time.Duration { return e.left }
 
-// try takes slot i of name, if it is free or has run out.
-func (b *backend) try(ctx context.Context, name string, slot int) (lock.Lease, error) {
+// try takes slot i of name, if it is free or has run out. cur is the slot's
+// Lease as just read, nil if there is none. The acquisition's count (the
+// fencing token) is one more than the Lease's or floor, whichever is more:
+// a semaphore's token grows across its slots.
+func (b *backend) try(ctx context.Context, name string, slot int, cur *Lease, floor int32) (lock.Lease, error) {
 	ln := SlotName(name, slot)
 	ns := b.cfg.namespace
-	cur, err := b.c.get(ctx, ns, ln)
 	now := time.Now()
-	if isCode(err, http.StatusNotFound) {
-		return b.create(ctx, name, ln)
-	}
-	if err != nil {
-		return nil, b.classify(err, "get")
+	if cur == nil {
+		return b.create(ctx, name, ln, floor+1)
 	}
 	if h := cur.Spec.HolderIdentity; h != "" {
 		obs, ok := b.seen[ln]
@@ -255,7 +277,7 @@ func (b *backend) try(ctx context.Context, name string, slot int) (lock.Lease, e
 		b.opts.Log.Debug("the Lease was not renewed for its duration; taking it over", "lease", ln, "holder", h, "duration", d)
 	}
 	next := &Lease{Metadata: cur.Metadata, Spec: cur.Spec}
-	b.hold(next, name, now, cur.Spec.LeaseTransitions+1)
+	b.hold(next, name, now, max(cur.Spec.LeaseTransitions, floor)+1)
 	out, err := b.c.update(ctx, ns, next)
 	switch {
 	case isCode(err, http.StatusConflict), isCode(err, http.StatusNotFound):
@@ -268,10 +290,10 @@ func (b *backend) try(ctx context.Context, name string, slot int) (lock.Lease, e
 	return &lease{b: b, name: name, ns: ns, obj: out}, nil
 }
 
-// create makes the Lease ln, held by us.
-func (b *backend) create(ctx context.Context, name, ln string) (lock.Lease, error) {
+// create makes the Lease ln, held by us as acquisition number transitions.
+func (b *backend) create(ctx context.Context, name, ln string, transitions int32) (lock.Lease, error) {
 	l := &Lease{Metadata: ObjectMeta{Name: ln}}
-	b.hold(l, name, time.Now(), 1)
+	b.hold(l, name, time.Now(), transitions)
 	out, err := b.c.create(ctx, b.cfg.namespace, l)
 	switch {
 	case isCode(err, http.StatusConflict):
@@ -344,11 +366,13 @@ func (b *backend) Notify(ctx context.Context, name string) (<-chan struct{}, fun
 	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	changed := make(chan struct{}, 1)
-	done, err := b.c.watch(wctx, b.cfg.namespace, q, list.Metadata.ResourceVersion, changed)
+	seen := func(event string) { b.opts.Log.Debug("the Lease changed", "lock", name, "event", event) }
+	done, err := b.c.watch(wctx, b.cfg.namespace, q, list.Metadata.ResourceVersion, changed, seen)
 	if err != nil {
 		cancel()
 		return nil, nil, b.classify(err, "watch")
 	}
+	b.opts.Log.Debug("watching the Lease for a release", "lock", name, "namespace", b.cfg.namespace)
 	go func() {
 		for {
 			opened := time.Now()
@@ -371,7 +395,7 @@ func (b *backend) Notify(ctx context.Context, name string) (<-chan struct{}, fun
 			if err != nil {
 				return
 			}
-			if done, err = b.c.watch(wctx, b.cfg.namespace, q, list.Metadata.ResourceVersion, changed); err != nil {
+			if done, err = b.c.watch(wctx, b.cfg.namespace, q, list.Metadata.ResourceVersion, changed, seen); err != nil {
 				return
 			}
 		}
