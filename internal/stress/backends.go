@@ -1,7 +1,11 @@
 package stress
 
 import (
+	"errors"
 	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/withlock/withlock/internal/testenv"
@@ -20,6 +24,36 @@ type Backend struct {
 	// Tokens means the backend gives WITHLOCK_TOKEN: every section must get
 	// one, and they must grow strictly in the order the sections entered.
 	Tokens bool
+	// Via is Start for a backend whose URL does not say where its server
+	// is (k8s:// names a namespace; a kubeconfig says where the API server
+	// is): it returns the URL, the server's host:port, and reach, which
+	// gives the environment withlock needs to reach the server at addr (the
+	// fault proxy's, or the server's own).
+	Via func(t testing.TB) (url, hostport string, reach func(addr string) []string)
+}
+
+// start starts b's server for t and returns the URL withlock is given and
+// what its environment needs besides. With proxy (a Network backend under
+// faults), withlock reaches the server through the proxy that proxy
+// starts in front of target and returns the address of.
+func (b Backend) start(t testing.TB, proxy func(target string) string) (string, []string) {
+	if b.Via != nil {
+		u, hostport, reach := b.Via(t)
+		if proxy != nil {
+			hostport = proxy(hostport)
+		}
+		return u, reach(hostport)
+	}
+	dbURL := b.Start(t)
+	if proxy == nil {
+		return dbURL, nil
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatalf("stress: %s URL: %v", b.Name, err)
+	}
+	u.Host = proxy(u.Host)
+	return u.String(), nil
 }
 
 // Backends are the backends the stress test covers.
@@ -54,6 +88,31 @@ var Backends = []Backend{
 	// A server of its own: GET_LOCK's names are the whole server's.
 	{Name: "mysql", Network: true, Start: func(t testing.TB) string {
 		return testenv.RequireMariaDB(t).URL
+	}},
+	// A namespace of its own on a kube-apiserver of its own; withlock
+	// reaches it as a user allowed leases there only (the README's Role).
+	{Name: "k8s", Network: true, Tokens: true, Via: func(t testing.TB) (string, string, func(string) []string) {
+		k := testenv.RequireKube(t)
+		const ns = "stress"
+		if err := errors.Join(k.Namespace(ns), k.Grant(ns, "leaser")); err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		return "k8s://" + ns, strings.TrimPrefix(k.URL, "https://"), func(addr string) []string {
+			kc := filepath.Join(dir, "kubeconfig")
+			// The server's certificate is for 127.0.0.1, as the proxy's address is.
+			if err := k.Kubeconfig(kc, ns, k.UserToken("leaser")); err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(kc)
+			if err == nil {
+				err = os.WriteFile(kc, []byte(strings.Replace(string(data), k.URL, "https://"+addr, 1)), 0o600)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return []string{"KUBECONFIG=" + kc, "KUBERNETES_SERVICE_HOST="}
+		}
 	}},
 	// Local: no network to break, so no faults; it checks the harness and
 	// the file backend under the same contention.

@@ -159,6 +159,12 @@ func (c *client) request(ctx context.Context, method, path string, query url.Val
 // *apiError (the server answered otherwise), a *pluginError, or the
 // transport's.
 func (c *client) do(ctx context.Context, method, path string, query url.Values, in, out any) error {
+	_, err := c.call(ctx, method, path, query, in, out)
+	return err
+}
+
+// call is do that also returns the answer's status code.
+func (c *client) call(ctx context.Context, method, path string, query url.Values, in, out any) (int, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, callTimeout)
@@ -166,16 +172,16 @@ func (c *client) do(ctx context.Context, method, path string, query url.Values, 
 	}
 	req, err := c.request(ctx, method, path, query, in)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if resp.StatusCode/100 != 2 {
 		e := &apiError{code: resp.StatusCode}
@@ -183,14 +189,14 @@ func (c *client) do(ctx context.Context, method, path string, query url.Values, 
 		if resp.StatusCode == http.StatusUnauthorized {
 			c.cfg.auth.unauthorized()
 		}
-		return e
+		return resp.StatusCode, e
 	}
 	if out != nil {
 		if err := json.Unmarshal(body, out); err != nil {
-			return fmt.Errorf("the API server's answer is not JSON: %v", err)
+			return resp.StatusCode, fmt.Errorf("the API server's answer is not JSON: %v", err)
 		}
 	}
-	return nil
+	return resp.StatusCode, nil
 }
 
 func (c *client) get(ctx context.Context, ns, name string) (*Lease, error) {
@@ -211,20 +217,18 @@ func (c *client) create(ctx context.Context, ns string, l *Lease) (*Lease, error
 }
 
 // update replaces the Lease if its resourceVersion is still l's (else a
-// 409 Conflict).
-func (c *client) update(ctx context.Context, ns string, l *Lease) (*Lease, error) {
+// 409 Conflict). Leases allow create-on-update: a PUT of a Lease that no
+// longer exists creates it, whatever resourceVersion it names (the API
+// server checks the version only against a stored object). created says
+// that this happened (201 Created instead of 200 OK).
+func (c *client) update(ctx context.Context, ns string, l *Lease) (out *Lease, created bool, err error) {
 	l.APIVersion, l.Kind = "coordination.k8s.io/v1", "Lease"
-	var out Lease
-	if err := c.do(ctx, http.MethodPut, c.leasesPath(ns)+"/"+url.PathEscape(l.Metadata.Name), nil, l, &out); err != nil {
-		return nil, err
+	out = &Lease{}
+	code, err := c.call(ctx, http.MethodPut, c.leasesPath(ns)+"/"+url.PathEscape(l.Metadata.Name), nil, l, out)
+	if err != nil {
+		return nil, false, err
 	}
-	return &out, nil
-}
-
-// remove deletes the Lease if its resourceVersion is still rv.
-func (c *client) remove(ctx context.Context, ns, name, rv string) error {
-	pre := map[string]any{"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": map[string]string{"resourceVersion": rv}}
-	return c.do(ctx, http.MethodDelete, c.leasesPath(ns)+"/"+url.PathEscape(name), nil, pre, nil)
+	return out, code == http.StatusCreated, nil
 }
 
 func (c *client) list(ctx context.Context, ns string, query url.Values) (*leaseList, error) {

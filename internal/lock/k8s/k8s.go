@@ -278,7 +278,10 @@ func (b *backend) try(ctx context.Context, name string, slot int, cur *Lease, fl
 	}
 	next := &Lease{Metadata: cur.Metadata, Spec: cur.Spec}
 	b.hold(next, name, now, max(cur.Spec.LeaseTransitions, floor)+1)
-	out, err := b.c.update(ctx, ns, next)
+	// A Lease deleted since it was read is created by this update (see
+	// client.update): as good as a create, since one made by anyone else
+	// in between would have failed it.
+	out, _, err := b.c.update(ctx, ns, next)
 	switch {
 	case isCode(err, http.StatusConflict), isCode(err, http.StatusNotFound):
 		// Someone else wrote first (or deleted it): they won.
@@ -423,8 +426,15 @@ func (l *lease) Keep(ctx context.Context) error {
 	next := &Lease{Metadata: l.obj.Metadata, Spec: l.obj.Spec}
 	next.Spec.RenewTime = formatMicro(time.Now())
 	next.Spec.LeaseDurationSeconds = l.b.duration
-	out, err := l.b.c.update(ctx, l.ns, next)
+	out, created, err := l.b.c.update(ctx, l.ns, next)
 	switch {
+	case err == nil && created:
+		// The Lease was deleted behind our back, and this renewal made it
+		// again: the lock was broken all the same. Free the copy (unless
+		// someone changed it already), with an update: the Role need not
+		// allow delete.
+		l.b.c.update(ctx, l.ns, freed(out))
+		return lock.Errorf(lock.ErrLost, "its Lease %s/%s was deleted", l.ns, l.obj.Metadata.Name)
 	case err == nil:
 		l.obj = out
 		return nil
@@ -461,7 +471,11 @@ func (l *lease) same(cur *Lease) bool {
 
 // Release clears the holder, if the Lease is still as we left it.
 func (l *lease) Release(ctx context.Context) error {
-	_, err := l.b.c.update(ctx, l.ns, freed(l.obj))
+	_, created, err := l.b.c.update(ctx, l.ns, freed(l.obj))
+	if err == nil && created {
+		// Deleted meanwhile: this made a free copy, which does no harm.
+		return fmt.Errorf("k8s: the Lease %s/%s was deleted before the release", l.ns, l.obj.Metadata.Name)
+	}
 	switch {
 	case isCode(err, http.StatusConflict), isCode(err, http.StatusNotFound):
 		return fmt.Errorf("k8s: the Lease %s/%s was no longer ours at release", l.ns, l.obj.Metadata.Name)
@@ -483,7 +497,11 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	next := &Lease{Metadata: l.obj.Metadata, Spec: l.obj.Spec}
 	next.Spec.RenewTime = formatMicro(time.Now())
 	next.Spec.LeaseDurationSeconds = int32(math.Ceil(left.Seconds()))
-	_, err := l.b.c.update(ctx, l.ns, next)
+	out, created, err := l.b.c.update(ctx, l.ns, next)
+	if err == nil && created {
+		l.b.c.update(ctx, l.ns, freed(out)) // the copy this made: freed
+		return fmt.Errorf("k8s: the Lease %s/%s was deleted before the release", l.ns, l.obj.Metadata.Name)
+	}
 	switch {
 	case isCode(err, http.StatusConflict), isCode(err, http.StatusNotFound):
 		return fmt.Errorf("k8s: the Lease %s/%s was no longer ours at release", l.ns, l.obj.Metadata.Name)

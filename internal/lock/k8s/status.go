@@ -163,7 +163,10 @@ func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error)
 		if !ok {
 			continue
 		}
-		_, err := b.c.update(ctx, b.cfg.namespace, freed(&l))
+		_, created, err := b.c.update(ctx, b.cfg.namespace, freed(&l))
+		if err == nil && created {
+			continue // deleted since the list: nothing to break (the copy is free)
+		}
 		switch {
 		case isCode(err, http.StatusConflict):
 			return broken, lock.Errorf(lock.ErrHeld, "the Lease %s/%s changed while it was being broken; run release --force again", b.cfg.namespace, l.Metadata.Name)
