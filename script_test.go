@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	stdjson "encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -29,8 +30,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/withlock/withlock/internal/lock/etcd"
+	"github.com/withlock/withlock/internal/lock/k8s"
 	"github.com/withlock/withlock/internal/lock/mongodb"
 	"github.com/withlock/withlock/internal/lock/redis"
+	"github.com/withlock/withlock/internal/stress/faultproxy"
 	"github.com/withlock/withlock/internal/testenv"
 )
 
@@ -48,6 +51,9 @@ import (
 //	testdata/script/mysql     MySQL (a MariaDB server) only; $MYSQLPORT is its
 //	                          port, for the mysql client (the user and password
 //	                          are in $MYSQL_USER and $MYSQL_PWD)
+//	testdata/script/k8s       Kubernetes only: one kube-apiserver for all the
+//	                          scripts, a namespace ($NS) and a kubeconfig
+//	                          ($KUBECONFIG) each; see kubeScript
 func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
 		"status": expectStatus,
@@ -198,6 +204,7 @@ func TestScripts(t *testing.T) {
 	none := func(*testing.T) {}
 	var pg *testenv.Postgres
 	var npmDir string
+	var kube *testenv.Kube
 	backends := []struct {
 		name    string
 		require func(t *testing.T)
@@ -266,6 +273,13 @@ func TestScripts(t *testing.T) {
 			return m.URL, m, nil
 		}},
 	}
+	backends = append(backends, struct {
+		name    string
+		require func(t *testing.T)
+		db      func(e *testscript.Env) (string, server, error)
+	}{"k8s", func(t *testing.T) { kube = testenv.RequireKube(t) }, func(e *testscript.Env) (string, server, error) {
+		return kubeScript(e, kube, int(dbs.Add(1)))
+	}})
 	t.Run("cli", func(t *testing.T) {
 		testscript.Run(t, params("testdata/script/cli", "", nil))
 	})
@@ -317,11 +331,11 @@ type scriptState struct {
 type stateKey struct{}
 
 // recordsN are the backends that record a semaphore's N (SPEC §12).
-var recordsN = map[string]bool{"redis": true, "mongodb": true, "file": true, "postgres": true, "etcd": true}
+var recordsN = map[string]bool{"redis": true, "mongodb": true, "file": true, "postgres": true, "etcd": true, "k8s": true}
 
 // leaseBackends hold an expiring lease; the others a lock that lives with
 // their connection or open file.
-var leaseBackends = map[string]bool{"redis": true, "mongodb": true, "etcd": true}
+var leaseBackends = map[string]bool{"redis": true, "mongodb": true, "etcd": true, "k8s": true}
 
 func params(dir, backend string, setup func(*testscript.Env) error) testscript.Params {
 	return testscript.Params{
@@ -363,8 +377,9 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 				// The backend records a semaphore's N and refuses another.
 				return recordsN[backend], nil
 			case "shared":
-				// The backend has shared locks (MySQL's GET_LOCK has none).
-				return backend != "mysql", nil
+				// The backend has shared locks (MySQL's GET_LOCK and a
+				// Kubernetes Lease have none).
+				return backend != "mysql" && backend != "k8s", nil
 			}
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},
@@ -387,6 +402,8 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			"pgbouncer":  cmdPgbouncer,
 			"mysqlsql":   cmdMysqlsql,
 			"mysqlwait":  cmdMysqlwait,
+			"kubeget":    cmdKubeget,
+			"kubesa":     cmdKubesa,
 		},
 	}
 }
@@ -727,6 +744,10 @@ func cmdBreaklease(ts *testscript.TestScript, neg bool, args []string) {
 		if resp.Deleted != 1 {
 			ts.Fatalf("breaklease: %d keys under %s, not the one lease", resp.Deleted, etcd.Prefix(args[0]))
 		}
+	case "k8s":
+		st := ts.Value(stateKey{}).(*scriptState)
+		kp := st.server.(*kubeProxy)
+		ts.Check(kp.kube.Do("DELETE", "/apis/coordination.k8s.io/v1/namespaces/"+ts.Getenv("NS")+"/leases/"+k8s.LeaseName(args[0]), nil, nil))
 	default:
 		ts.Fatalf("breaklease: not for backend %s", ts.Getenv("BACKEND"))
 	}
@@ -910,4 +931,131 @@ func etcdClient(ts *testscript.TestScript) *clientv3.Client {
 	c, err := e.Client()
 	ts.Check(err)
 	return c
+}
+
+// kubeScript sets up a k8s script: a namespace of its own, $NS, where the
+// user leaser may use Leases; a proxy of its own in front of the shared API
+// server (the script's "server", which it may stop or pause without
+// touching the other scripts); and $KUBECONFIG with the contexts test
+// (leaser, through the proxy: current), admin (through the proxy),
+// nobody (a user with no rights at all) and closed (a port where nothing
+// listens, with a password that must never show). $DB is k8s://$NS.
+func kubeScript(e *testscript.Env, k *testenv.Kube, n int) (string, server, error) {
+	ns := fmt.Sprintf("script%d", n)
+	if err := errors.Join(k.Namespace(ns), k.Grant(ns, "leaser")); err != nil {
+		return "", nil, err
+	}
+	target := strings.TrimPrefix(k.URL, "https://")
+	p, err := faultproxy.Start(target)
+	if err != nil {
+		return "", nil, err
+	}
+	kp := &kubeProxy{kube: k, addr: p.Addr(), target: target, p: p}
+	kc := filepath.Join(e.WorkDir, ".kubeconfig")
+	config := fmt.Sprintf(`apiVersion: v1
+kind: Config
+current-context: test
+clusters:
+- name: test
+  cluster: {server: "https://%s", certificate-authority: %q}
+- name: closed
+  cluster: {server: "https://127.0.0.1:1", certificate-authority: %q}
+users:
+- name: leaser
+  user: {token: %q}
+- name: admin
+  user: {token: %q}
+- name: nobody
+  user: {token: %q}
+- name: closed
+  user: {username: u, password: hunter22}
+contexts:
+- name: test
+  context: {cluster: test, user: leaser, namespace: %s}
+- name: admin
+  context: {cluster: test, user: admin, namespace: %s}
+- name: nobody
+  context: {cluster: test, user: nobody, namespace: %s}
+- name: closed
+  context: {cluster: closed, user: closed, namespace: %s}
+`, kp.addr, k.CAFile, k.CAFile, k.UserToken("leaser"), k.AdminToken, k.UserToken("nobody"), ns, ns, ns, ns)
+	if err := os.WriteFile(kc, []byte(config), 0o600); err != nil {
+		p.Close()
+		return "", nil, err
+	}
+	e.Setenv("KUBECONFIG", kc)
+	e.Setenv("KUBERNETES_SERVICE_HOST", "")
+	e.Setenv("NS", ns)
+	e.Setenv("CLOSED", "k8s://"+ns+"?context=closed")
+	return "k8s://" + ns, kp, nil
+}
+
+// kubeProxy is a k8s script's "server": a proxy in front of the shared API
+// server. Stop closes its port (connection refused), Start opens it again,
+// Pause black-holes it (a partition: nothing answers).
+type kubeProxy struct {
+	kube         *testenv.Kube
+	addr, target string
+	p            *faultproxy.Proxy
+}
+
+func (k *kubeProxy) Stop() error { return k.p.Close() }
+
+func (k *kubeProxy) Start() error {
+	p, err := faultproxy.StartAt(k.addr, k.target)
+	if err == nil {
+		k.p = p
+	}
+	return err
+}
+
+func (k *kubeProxy) Close() error  { return k.p.Close() }
+func (k *kubeProxy) Pause() error  { k.p.BlackHole(); return nil }
+func (k *kubeProxy) Resume() error { k.p.Heal(); return nil }
+
+// kubeget NAME prints the Lease of lock NAME in $NS, as JSON on one line,
+// read as the admin: what kubectl get lease -o json shows.
+func cmdKubeget(ts *testscript.TestScript, neg bool, args []string) {
+	kp, ok := ts.Value(stateKey{}).(*scriptState).server.(*kubeProxy)
+	if neg || len(args) != 1 || !ok {
+		ts.Fatalf("usage: kubeget NAME (k8s scripts only)")
+	}
+	var raw stdjson.RawMessage
+	ts.Check(kp.kube.Do("GET", "/apis/coordination.k8s.io/v1/namespaces/"+ts.Getenv("NS")+"/leases/"+k8s.LeaseName(args[0]), nil, &raw))
+	var b bytes.Buffer
+	ts.Check(stdjson.Compact(&b, raw))
+	fmt.Fprintln(ts.Stdout(), b.String())
+}
+
+// kubesa NAME FILE creates the service account NAME in $NS, binds it to the
+// README's Role on leases in $NS (and nothing else), and writes FILE, a
+// kubeconfig that reaches the API server (through the script's proxy) with
+// a real token of that account from the TokenRequest API, in $NS.
+func cmdKubesa(ts *testscript.TestScript, neg bool, args []string) {
+	kp, ok := ts.Value(stateKey{}).(*scriptState).server.(*kubeProxy)
+	if neg || len(args) != 2 || !ok {
+		ts.Fatalf("usage: kubesa NAME FILE (k8s scripts only)")
+	}
+	ns := ts.Getenv("NS")
+	token, err := kp.kube.ServiceAccountToken(ns, args[0])
+	ts.Check(err)
+	// The README's Role and RoleBinding, verbatim but for the names.
+	rbac := "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns
+	ts.Check(kp.kube.Do("POST", rbac+"/roles", map[string]any{
+		"metadata": map[string]any{"name": "withlock"},
+		"rules": []any{map[string]any{"apiGroups": []string{"coordination.k8s.io"}, "resources": []string{"leases"},
+			"verbs": []string{"get", "list", "watch", "create", "update"}}},
+	}, nil))
+	ts.Check(kp.kube.Do("POST", rbac+"/rolebindings", map[string]any{
+		"metadata": map[string]any{"name": "withlock"},
+		"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "withlock"},
+		"subjects": []any{map[string]any{"kind": "ServiceAccount", "name": args[0], "namespace": ns}},
+	}, nil))
+	// The context reaches the server through the proxy, as $DB does.
+	data, err := os.ReadFile(ts.Getenv("KUBECONFIG"))
+	ts.Check(err)
+	config := strings.Replace(string(data), "current-context: test", "current-context: sa", 1)
+	config = strings.Replace(config, "users:\n", fmt.Sprintf("users:\n- name: sa\n  user: {token: %q}\n", token), 1)
+	config = strings.Replace(config, "contexts:\n", fmt.Sprintf("contexts:\n- name: sa\n  context: {cluster: test, user: sa, namespace: %s}\n", ns), 1)
+	ts.Check(os.WriteFile(ts.MkAbs(args[1]), []byte(config), 0o600))
 }

@@ -4,6 +4,7 @@ package cmd
 import (
 	_ "github.com/withlock/withlock/internal/lock/etcd"
 	_ "github.com/withlock/withlock/internal/lock/file"
+	_ "github.com/withlock/withlock/internal/lock/k8s"
 	_ "github.com/withlock/withlock/internal/lock/mongodb"
 	_ "github.com/withlock/withlock/internal/lock/mysql"
 	_ "github.com/withlock/withlock/internal/lock/postgres"

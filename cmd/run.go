@@ -60,9 +60,10 @@ The backend is a URL: --db, else $WITHLOCK_DB, else $PG_CONNECTION_STRING.
 Schemes: postgres://, postgresql://, mysql:// (MySQL and MariaDB: GET_LOCK,
 interoperable with the mysql client's), redis://, rediss://, mongodb://,
 mongodb+srv://, etcd://HOST:PORT[,HOST:PORT...], etcds:// (the keys of
-etcdctl lock NAME), file:///DIR. Everything after "--" is
-the command, passed on verbatim. On lease backends (Redis, MongoDB, etcd)
-the command gets WITHLOCK_TOKEN, a fencing token.
+etcdctl lock NAME), k8s://[NAMESPACE], kubernetes:// (a Lease; the pod's
+service account, else the kubeconfig), file:///DIR. Everything after "--" is
+the command, passed on verbatim. On lease backends (Redis, MongoDB, etcd,
+Kubernetes) the command gets WITHLOCK_TOKEN, a fencing token.
 
 Exit status: the command's; 64 usage; 69 backend unavailable; 70 lock lost
 and command stopped; 75 not acquired (--conflict-exit-code); 126/127 command

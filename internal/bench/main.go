@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -38,7 +39,7 @@ const (
 
 var (
 	onlyWaiting  = flag.Bool("waiting", false, "measure only what waiters cost the server")
-	waitBackends = flag.String("backends", "file,postgres,redis,mongodb,etcd,mysql", "with -waiting: the backends measured, comma-separated")
+	waitBackends = flag.String("backends", "file,postgres,redis,mongodb,etcd,mysql,k8s", "with -waiting: the backends measured, comma-separated")
 	onlyHandoff  = flag.Bool("handoff", false, "measure only the hand-off table")
 	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
 )
@@ -133,6 +134,11 @@ func run() error {
 		}
 		return argv
 	}
+	kube, kubeURL, err := startKube(work)
+	if err != nil {
+		return err
+	}
+	defer kube.Close()
 	npmDir, err := testenv.NPMDir()
 	if err != nil {
 		return err
@@ -149,6 +155,7 @@ func run() error {
 		{"mongodb", mg.URL},
 		{"etcd", et.URL},
 		{"mysql", md.URL},
+		{"k8s", kubeURL},
 	}
 	flockFile := filepath.Join(work, "flock.lock")
 
@@ -297,16 +304,39 @@ func run() error {
 		}
 		fmt.Printf("| %s | %.1f MB | %s |\n", db.name, float64(rss)/1024, sem)
 	}
-	return waitingOn(work, wl, dbs, servers{pg: pg, rd: rd, mg: mg, et: et, md: md})
+	return waitingOn(work, wl, dbs, servers{pg: pg, rd: rd, mg: mg, et: et, md: md, kube: kube})
 }
 
 // servers are the test servers of a run, for the waiting figure.
 type servers struct {
-	pg *testenv.Postgres
-	rd *testenv.Redis
-	mg *testenv.Mongo
-	et *testenv.Etcd
-	md *testenv.MariaDB
+	pg   *testenv.Postgres
+	rd   *testenv.Redis
+	mg   *testenv.Mongo
+	et   *testenv.Etcd
+	md   *testenv.MariaDB
+	kube *testenv.Kube
+}
+
+// startKube starts a kube-apiserver with a namespace "bench" where the
+// user leaser may use Leases, and points $KUBECONFIG (which every withlock
+// the bench starts inherits) at it, as leaser. It returns the k8s:// URL.
+func startKube(work string) (*testenv.Kube, string, error) {
+	k, err := testenv.StartKube()
+	if err != nil {
+		return nil, "", err
+	}
+	kc := filepath.Join(work, "kubeconfig")
+	err = errors.Join(k.Namespace("bench"), k.Grant("bench", "leaser"))
+	if err == nil {
+		err = k.Kubeconfig(kc, "bench", k.UserToken("leaser"))
+	}
+	if err != nil {
+		k.Close()
+		return nil, "", err
+	}
+	os.Setenv("KUBECONFIG", kc)
+	os.Setenv("KUBERNETES_SERVICE_HOST", "")
+	return k, "k8s://bench", nil
 }
 
 // waitingFigures starts the servers of the backends named, and measures
@@ -347,6 +377,10 @@ func waitingFigures(work, wl string, names []string) error {
 				defer s.md.Close()
 				url = s.md.URL
 			}
+		case "k8s":
+			if s.kube, url, err = startKube(work); err == nil {
+				defer s.kube.Close()
+			}
 		default:
 			return fmt.Errorf("-backends: no backend %q", n)
 		}
@@ -381,6 +415,9 @@ func waitingOn(work, wl string, dbs []struct{ name, url string }, s servers) err
 		case "mysql":
 			t.pid, t.counter = s.md.PID(), "statements (SHOW GLOBAL STATUS Questions)"
 			t.ops = mysqlOps(db.url)
+		case "k8s":
+			t.pid, t.counter = s.kube.PID(), "requests (/metrics apiserver_request_total)"
+			t.ops, err = kubeOps(s.kube)
 		}
 		if err != nil {
 			return fmt.Errorf("%s: counting operations: %w", db.name, err)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -362,4 +364,51 @@ func waitingTable(work, wl string, targets []waitTarget) error {
 			100*(crowd.cpu-alone.cpu)/waiters, (crowd.ops-alone.ops)/waiters, t.counter)
 	}
 	return nil
+}
+
+// kubeOps counts the requests a kube-apiserver has served (its /metrics,
+// apiserver_request_total, summed over every verb, resource and code; a
+// watch counts once, when it ends). The scrape itself is one of them.
+func kubeOps(k *testenv.Kube) (func() (int64, error), error) {
+	pem, err := os.ReadFile(k.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	return func() (int64, error) {
+		req, err := http.NewRequest("GET", k.URL+"/metrics", nil)
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("Authorization", "Bearer "+k.AdminToken)
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return 0, err
+		}
+		var n float64
+		found := false
+		for line := range strings.Lines(string(body)) {
+			if !strings.HasPrefix(line, "apiserver_request_total{") {
+				continue
+			}
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				return 0, fmt.Errorf("kube-apiserver /metrics: %q", line)
+			}
+			n += v
+			found = true
+		}
+		if !found {
+			return 0, fmt.Errorf("kube-apiserver /metrics has no apiserver_request_total")
+		}
+		return int64(n), nil
+	}, nil
 }

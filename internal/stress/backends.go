@@ -1,7 +1,11 @@
 package stress
 
 import (
+	"errors"
 	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/withlock/withlock/internal/testenv"
@@ -26,6 +30,42 @@ type Backend struct {
 	// Tokens means the backend gives WITHLOCK_TOKEN: every section must get
 	// one, and they must grow strictly in the order the sections entered.
 	Tokens bool
+	// Via is Start for a backend whose URL does not say where its server
+	// is (k8s:// names a namespace; a kubeconfig says where the API server
+	// is): it returns the URL, the server's host:port, and reach, which
+	// gives the environment withlock needs to reach the server at addr (the
+	// fault proxy's, or the server's own).
+	Via func(t testing.TB) (url, hostport string, reach func(addr string) []string)
+}
+
+// start starts b's server for t and returns the URL withlock is given and
+// what its environment needs besides. With proxy (a Network backend under
+// faults), withlock reaches the server through the proxy that proxy
+// starts in front of target and returns the address of.
+func (b Backend) start(t testing.TB, proxy func(target string) string) (string, []string, Server) {
+	if b.Via != nil {
+		u, hostport, reach := b.Via(t)
+		if proxy != nil {
+			hostport = proxy(hostport)
+		}
+		return u, reach(hostport), nil
+	}
+	dbURL, srv := b.Start, Server(nil)
+	var u0 string
+	if b.StartServer != nil {
+		u0, srv = b.StartServer(t)
+	} else {
+		u0 = dbURL(t)
+	}
+	if proxy == nil {
+		return u0, nil, srv
+	}
+	u, err := url.Parse(u0)
+	if err != nil {
+		t.Fatalf("stress: %s URL: %v", b.Name, err)
+	}
+	u.Host = proxy(u.Host)
+	return u.String(), nil, srv
 }
 
 // Backends are the backends the stress test covers.
@@ -65,18 +105,34 @@ var Backends = []Backend{
 		m := testenv.RequireMariaDB(t)
 		return m.URL, m
 	}},
+	// A namespace of its own on a kube-apiserver of its own; withlock
+	// reaches it as a user allowed leases there only (the README's Role).
+	{Name: "k8s", Network: true, Tokens: true, Via: func(t testing.TB) (string, string, func(string) []string) {
+		k := testenv.RequireKube(t)
+		const ns = "stress"
+		if err := errors.Join(k.Namespace(ns), k.Grant(ns, "leaser")); err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		return "k8s://" + ns, strings.TrimPrefix(k.URL, "https://"), func(addr string) []string {
+			kc := filepath.Join(dir, "kubeconfig")
+			// The server's certificate is for 127.0.0.1, as the proxy's address is.
+			if err := k.Kubeconfig(kc, ns, k.UserToken("leaser")); err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(kc)
+			if err == nil {
+				err = os.WriteFile(kc, []byte(strings.Replace(string(data), k.URL, "https://"+addr, 1)), 0o600)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return []string{"KUBECONFIG=" + kc, "KUBERNETES_SERVICE_HOST="}
+		}
+	}},
 	// Local: no network to break, so no faults; it checks the harness and
 	// the file backend under the same contention.
 	{Name: "file", Shared: true, Start: func(t testing.TB) string {
 		return "file://" + t.TempDir()
 	}},
-}
-
-// start starts b's server for t: its URL, and the server if the backend
-// gives it (StartServer).
-func (b Backend) start(t testing.TB) (string, Server) {
-	if b.StartServer != nil {
-		return b.StartServer(t)
-	}
-	return b.Start(t), nil
 }

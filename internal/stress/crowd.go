@@ -21,13 +21,13 @@ import (
 // sections ran one at a time.
 func Crowd(t testing.TB, bin Binaries, b Backend, n int, cfg Config) Report {
 	t.Helper()
-	dbURL, _ := b.start(t)
+	dbURL, env, _ := b.start(t, nil)
 	dir := t.TempDir()
 	held, release := filepath.Join(dir, "held"), filepath.Join(dir, "release")
 	holder := exec.Command(bin.Withlock, "--ttl", cfg.TTL.String(), "--kill-after", cfg.KillAfter.String(),
 		"--db", dbURL, lockName, "--", "sh", "-c",
 		fmt.Sprintf("echo x > %s; while [ ! -e %s ]; do sleep 0.05; done", held, release))
-	holder.Env = environ()
+	holder.Env = append(environ(), env...)
 	holder.Stderr = os.Stderr
 	if err := holder.Start(); err != nil {
 		t.Fatal(err)
@@ -48,7 +48,7 @@ func Crowd(t testing.TB, bin Binaries, b Backend, n int, cfg Config) Report {
 	}
 
 	waiting := make(chan struct{}, n)
-	h := &harness{bin: bin, cfg: cfg, url: dbURL, dir: t.TempDir(), waiting: func() {
+	h := &harness{bin: bin, cfg: cfg, url: dbURL, env: env, dir: t.TempDir(), waiting: func() {
 		select {
 		case waiting <- struct{}{}:
 		default: // said twice: counted once is enough

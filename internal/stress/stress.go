@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -158,27 +157,26 @@ func Stress(t testing.TB, bin Binaries, b Backend, cfg Config) Report {
 	if cfg.Runs <= 0 && cfg.For <= 0 {
 		t.Fatal("stress: Config needs Runs or For")
 	}
-	dbURL, srv := b.start(t)
 	h := &harness{bin: bin, cfg: cfg, dir: t.TempDir(), live: map[int]*liveRun{}}
-	var faults Injector
+	var proxy func(target string) string
+	var p *faultproxy.Proxy
 	if b.Network {
-		u, err := url.Parse(dbURL)
-		if err != nil {
-			t.Fatalf("stress: %s URL: %v", b.Name, err)
-		}
-		p, err := faultproxy.Start(u.Host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		u.Host = p.Addr()
-		dbURL = u.String()
-		if cfg.Faults != nil {
-			faults = cfg.Faults(Targets{Proxy: p, Server: srv, Holders: h, TTL: cfg.TTL,
-				Fail: func(err error) { t.Errorf("stress: %s: injecting a fault: %v", b.Name, err) }})
+		proxy = func(target string) string {
+			var err error
+			if p, err = faultproxy.Start(target); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			return p.Addr()
 		}
 	}
-	h.url = dbURL
+	var srv Server
+	h.url, h.env, srv = b.start(t, proxy)
+	var faults Injector
+	if p != nil && cfg.Faults != nil {
+		faults = cfg.Faults(Targets{Proxy: p, Server: srv, Holders: h, TTL: cfg.TTL,
+			Fail: func(err error) { t.Errorf("stress: %s: injecting a fault: %v", b.Name, err) }})
+	}
 
 	stop := make(chan struct{}) // closed when no new run may start
 	var stopOnce sync.Once
@@ -275,7 +273,8 @@ type harness struct {
 	bin Binaries
 	cfg Config
 	url string
-	dir string // the sections' record files
+	env []string // withlock's environment besides the test's (KUBECONFIG)
+	dir string   // the sections' record files
 	// waiting, if set, runs withlock with -v and is called once for each
 	// run whose withlock says that it waits (Crowd).
 	waiting func()
@@ -376,7 +375,7 @@ func (h *harness) run(kill context.Context, contender, seq int) (Run, error) {
 		"--connect-timeout", h.cfg.ConnectTimeout.String(),
 		"--db", h.url,
 		name, "--", h.bin.Section)...)
-	cmd.Env = append(environ(),
+	cmd.Env = append(append(environ(), h.env...),
 		"WITHLOCK_STRESS_OUT="+out,
 		"WITHLOCK_STRESS_HOLD="+h.cfg.Hold.String())
 	// Stderr is a pipe of our own, not a writer, so that Wait returns when

@@ -23,6 +23,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -102,6 +103,73 @@ func TestKubernetesCronJob(t *testing.T) {
 	}
 	env := newJobEnv(t, "/shared/")
 	env.checkOncePerSlot(t, func() *exec.Cmd { return env.withlock(c.Args...) })
+}
+
+// TestKubernetesLease: the init-container example that keeps the lock in a
+// Lease: the ServiceAccount, the least Role (leases in one namespace, no
+// delete) bound to it, and a Job whose pod runs as that account with an
+// init container that takes the lock on k8s://. The command line runs as
+// the others do, on file:// (the k8s scripts of the main module run the
+// same Role against a real API server).
+func TestKubernetesLease(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(dir, "kubernetes", "lease-migration.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := strings.Split(string(data), "\n---\n")
+	if len(docs) != 4 {
+		t.Fatalf("%d documents; want ServiceAccount, Role, RoleBinding, Job", len(docs))
+	}
+	var (
+		sa   corev1.ServiceAccount
+		role rbacv1.Role
+		rb   rbacv1.RoleBinding
+		job  batchv1.Job
+	)
+	for i, v := range []any{&sa, &role, &rb, &job} {
+		if err := yaml.UnmarshalStrict([]byte(docs[i]), v); err != nil {
+			t.Fatalf("document %d: %v", i+1, err)
+		}
+	}
+	if sa.Kind != "ServiceAccount" || role.Kind != "Role" || rb.Kind != "RoleBinding" || job.Kind != "Job" {
+		t.Fatalf("kinds %s, %s, %s, %s", sa.Kind, role.Kind, rb.Kind, job.Kind)
+	}
+	ns := sa.Namespace
+	if role.Namespace != ns || rb.Namespace != ns || job.Namespace != ns {
+		t.Errorf("namespaces %q %q %q %q; want one", ns, role.Namespace, rb.Namespace, job.Namespace)
+	}
+	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].APIGroups, []string{"coordination.k8s.io"}) ||
+		!slices.Equal(role.Rules[0].Resources, []string{"leases"}) ||
+		!slices.Equal(role.Rules[0].Verbs, []string{"get", "list", "watch", "create", "update"}) {
+		t.Errorf("Role rules %+v; want get, list, watch, create, update on leases only", role.Rules)
+	}
+	if rb.RoleRef.Kind != "Role" || rb.RoleRef.Name != role.Name || len(rb.Subjects) != 1 ||
+		rb.Subjects[0].Kind != "ServiceAccount" || rb.Subjects[0].Name != sa.Name || rb.Subjects[0].Namespace != ns {
+		t.Errorf("RoleBinding %+v does not bind the Role to the ServiceAccount", rb)
+	}
+	pod := job.Spec.Template.Spec
+	if pod.ServiceAccountName != sa.Name {
+		t.Errorf("the pod runs as %q, not the ServiceAccount %q", pod.ServiceAccountName, sa.Name)
+	}
+	if len(pod.InitContainers) != 2 || !strings.HasPrefix(pod.InitContainers[1].Image, image) {
+		t.Fatalf("want two init containers, the second from %s...", image)
+	}
+	c := pod.InitContainers[1]
+	if len(c.Command) != 0 || !slices.Contains(c.Args, "--db=k8s://") {
+		t.Errorf("the init container's args %q: want withlock's entrypoint with --db=k8s://", c.Args)
+	}
+	env := newJobEnv(t, "/shared/")
+	args := slices.Clone(c.Args)
+	args[slices.Index(args, "--db=k8s://")] = "--db=file://" + filepath.Join(env.dir, "locks")
+	runs := make([]*exec.Cmd, 4)
+	for i := range runs {
+		runs[i] = env.withlock(args...)
+	}
+	env.runAll(t, runs)
+	want := env.move("-path=/shared/migrations -database=$(DATABASE_URL) up")
+	if got := env.jobRuns(); len(got) != len(runs) || got[0] != want {
+		t.Errorf("migrate ran with %q; want %d times with %q", got, len(runs), want)
+	}
 }
 
 // checkWithlockContainer checks what withlock's image needs: a non-root

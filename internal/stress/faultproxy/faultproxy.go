@@ -39,7 +39,17 @@ type link struct {
 // Start listens on a free port of 127.0.0.1 and forwards to target
 // (host:port). The caller must Close the proxy.
 func Start(target string) (*Proxy, error) {
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	return StartAt("127.0.0.1:0", target)
+}
+
+// StartAt is Start listening on addr: a port of a proxy closed before, to
+// bring a "server" back where its clients expect it.
+func StartAt(addr, target string) (*Proxy, error) {
+	a, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.ListenTCP("tcp", a)
 	if err != nil {
 		return nil, err
 	}

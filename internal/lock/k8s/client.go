@@ -1,0 +1,351 @@
+package k8s
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// Lease is the part of a coordination.k8s.io/v1 Lease that withlock reads
+// and writes. Written with PUT, the object replaces the stored one, so a
+// field left out here (holderIdentity on release) is cleared.
+type Lease struct {
+	APIVersion string     `json:"apiVersion"`
+	Kind       string     `json:"kind"`
+	Metadata   ObjectMeta `json:"metadata"`
+	Spec       LeaseSpec  `json:"spec"`
+}
+
+// ObjectMeta is a Lease's metadata.
+type ObjectMeta struct {
+	Name            string            `json:"name"`
+	Namespace       string            `json:"namespace,omitempty"`
+	ResourceVersion string            `json:"resourceVersion,omitempty"`
+	Labels          map[string]string `json:"labels,omitempty"`
+	Annotations     map[string]string `json:"annotations,omitempty"`
+}
+
+// LeaseSpec is a Lease's spec. The times are MicroTime: RFC 3339 with
+// microseconds.
+type LeaseSpec struct {
+	HolderIdentity       string `json:"holderIdentity,omitempty"`
+	LeaseDurationSeconds int32  `json:"leaseDurationSeconds,omitempty"`
+	AcquireTime          string `json:"acquireTime,omitempty"`
+	RenewTime            string `json:"renewTime,omitempty"`
+	LeaseTransitions     int32  `json:"leaseTransitions,omitempty"`
+}
+
+// microTime is metav1.MicroTime's format.
+const microTime = "2006-01-02T15:04:05.000000Z07:00"
+
+func formatMicro(t time.Time) string { return t.UTC().Format(microTime) }
+
+func parseMicro(s string) time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, s)
+	return t
+}
+
+type leaseList struct {
+	Metadata struct {
+		ResourceVersion string `json:"resourceVersion"`
+	} `json:"metadata"`
+	Items []Lease `json:"items"`
+}
+
+// status is the API server's metav1.Status, the body of its errors.
+type status struct {
+	Message string `json:"message"`
+	Reason  string `json:"reason"`
+	Details struct {
+		Name  string `json:"name"`
+		Group string `json:"group"`
+		Kind  string `json:"kind"`
+	} `json:"details"`
+	Code int `json:"code"`
+}
+
+// apiError is an answer of the API server other than 2xx.
+type apiError struct {
+	code   int
+	status status
+}
+
+func (e *apiError) Error() string {
+	if e.status.Message != "" {
+		return e.status.Message
+	}
+	return fmt.Sprintf("HTTP %d %s", e.code, http.StatusText(e.code))
+}
+
+// client makes single REST calls to one API server, in one namespace.
+type client struct {
+	cfg  *config
+	http *http.Client
+}
+
+// callTimeout bounds a call whose caller gave no deadline.
+const callTimeout = 10 * time.Second
+
+func newClient(cfg *config) *client {
+	tr := &http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: (&net.Dialer{
+			Timeout:   5 * time.Second,
+			KeepAlive: 15 * time.Second,
+		}).DialContext,
+		TLSClientConfig:     cfg.tls,
+		TLSHandshakeTimeout: 5 * time.Second,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+		// HTTP/2 would put the watch and the renewals on one connection;
+		// HTTP/1.1 keeps a stuck watch from holding up a renewal.
+		ForceAttemptHTTP2: false,
+		TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	return &client{cfg: cfg, http: &http.Client{Transport: tr}}
+}
+
+func (c *client) leasesPath(ns string) string {
+	return "/apis/coordination.k8s.io/v1/namespaces/" + url.PathEscape(ns) + "/leases"
+}
+
+// request makes req with the credentials, its body encoded from in.
+func (c *client) request(ctx context.Context, method, path string, query url.Values, in any) (*http.Request, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
+	}
+	u := c.cfg.server + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("User-Agent", "withlock")
+	if err := c.cfg.auth.apply(ctx, req); err != nil {
+		var pe *pluginError
+		if !errors.As(err, &pe) {
+			err = &pluginError{err.Error()}
+		}
+		return nil, err
+	}
+	return req, nil
+}
+
+// do makes one call and decodes a 2xx answer into out. Errors are an
+// *apiError (the server answered otherwise), a *pluginError, or the
+// transport's.
+func (c *client) do(ctx context.Context, method, path string, query url.Values, in, out any) error {
+	_, err := c.call(ctx, method, path, query, in, out)
+	return err
+}
+
+// call is do that also returns the answer's status code.
+func (c *client) call(ctx context.Context, method, path string, query url.Values, in, out any) (int, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+	}
+	req, err := c.request(ctx, method, path, query, in)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return 0, err
+	}
+	if resp.StatusCode/100 != 2 {
+		e := &apiError{code: resp.StatusCode}
+		json.Unmarshal(body, &e.status)
+		if resp.StatusCode == http.StatusUnauthorized {
+			c.cfg.auth.unauthorized()
+		}
+		return resp.StatusCode, e
+	}
+	if out != nil {
+		if err := json.Unmarshal(body, out); err != nil {
+			return resp.StatusCode, fmt.Errorf("the API server's answer is not JSON: %v", err)
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+func (c *client) get(ctx context.Context, ns, name string) (*Lease, error) {
+	var l Lease
+	if err := c.do(ctx, http.MethodGet, c.leasesPath(ns)+"/"+url.PathEscape(name), nil, nil, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+func (c *client) create(ctx context.Context, ns string, l *Lease) (*Lease, error) {
+	l.APIVersion, l.Kind = "coordination.k8s.io/v1", "Lease"
+	var out Lease
+	if err := c.do(ctx, http.MethodPost, c.leasesPath(ns), nil, l, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// update replaces the Lease if its resourceVersion is still l's (else a
+// 409 Conflict). Leases allow create-on-update: a PUT of a Lease that no
+// longer exists creates it, whatever resourceVersion it names (the API
+// server checks the version only against a stored object). created says
+// that this happened (201 Created instead of 200 OK).
+func (c *client) update(ctx context.Context, ns string, l *Lease) (out *Lease, created bool, err error) {
+	l.APIVersion, l.Kind = "coordination.k8s.io/v1", "Lease"
+	out = &Lease{}
+	code, err := c.call(ctx, http.MethodPut, c.leasesPath(ns)+"/"+url.PathEscape(l.Metadata.Name), nil, l, out)
+	if err != nil {
+		return nil, false, err
+	}
+	return out, code == http.StatusCreated, nil
+}
+
+func (c *client) list(ctx context.Context, ns string, query url.Values) (*leaseList, error) {
+	var l leaseList
+	if err := c.do(ctx, http.MethodGet, c.leasesPath(ns), query, nil, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// watchEvent is one line of a watch.
+type watchEvent struct {
+	Type   string          `json:"type"`
+	Object json.RawMessage `json:"object"`
+}
+
+// watch watches the Leases that selector (a fieldSelector or a
+// labelSelector) picks, from resourceVersion rv, and sends a value on
+// changed at every event, until ctx ends or the server ends the watch. It
+// returns once the watch is open (or could not be opened); the watch runs
+// on in a goroutine that closes done when it ends, and tells seen the type
+// of each event.
+func (c *client) watch(ctx context.Context, ns string, selector url.Values, rv string, changed chan<- struct{}, seen func(event string)) (done <-chan struct{}, err error) {
+	q := url.Values{"watch": {"1"}, "resourceVersion": {rv}, "timeoutSeconds": {"300"}}
+	for k, v := range selector {
+		q[k] = v
+	}
+	req, err := c.request(ctx, http.MethodGet, c.leasesPath(ns), q, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		e := &apiError{code: resp.StatusCode}
+		json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&e.status)
+		return nil, e
+	}
+	d := make(chan struct{})
+	go func() {
+		defer close(d)
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64<<10), 4<<20)
+		for sc.Scan() {
+			var ev watchEvent
+			if json.Unmarshal(sc.Bytes(), &ev) != nil {
+				continue
+			}
+			seen(ev.Type)
+			select {
+			case changed <- struct{}{}:
+			default: // one pending wake-up is enough
+			}
+			if ev.Type == "ERROR" {
+				return // "too old resource version": the poll covers it
+			}
+		}
+	}()
+	return d, nil
+}
+
+// classify sorts an error of a call into lock's sentinels. A 409 is never
+// classified here: the callers decide what a lost race means.
+func (b *backend) classify(err error, verb string) error {
+	where := "kubernetes at " + b.cfg.hostport
+	var ae *apiError
+	var pe *pluginError
+	switch {
+	case errors.As(err, &pe):
+		// The credentials could not be had: a plugin that failed, a
+		// token file that cannot be read. Trying again will not help.
+		return lock.Errorf(lock.ErrRefused, "%s: %s", where, pe.msg)
+	case errors.As(err, &ae):
+		switch {
+		case ae.code == http.StatusUnauthorized:
+			return lock.Errorf(lock.ErrRefused, "%s refused the credentials of %s (401 Unauthorized: %s); check the token or certificate", where, b.cfg.source, ae.Error())
+		case ae.code == http.StatusForbidden:
+			return lock.Errorf(lock.ErrRefused, "%s: %s may not %s leases (coordination.k8s.io) in namespace %q (403 Forbidden: %s); grant it a Role with verbs get, list, watch, create, update on leases in %q and bind it (README, Kubernetes)",
+				where, b.cfg.source, verb, b.cfg.namespace, ae.Error(), b.cfg.namespace)
+		case ae.code == http.StatusNotFound && ae.status.Details.Kind == "namespaces":
+			return lock.Errorf(lock.ErrRefused, "%s: namespace %q does not exist (%s); create it or name another in k8s://NAMESPACE", where, b.cfg.namespace, ae.Error())
+		case ae.code == http.StatusNotFound:
+			return lock.Errorf(lock.ErrRefused, "%s has no coordination.k8s.io/v1 Lease API (%s); Kubernetes 1.14 or later is needed", where, ae.Error())
+		case ae.code == http.StatusTooManyRequests || ae.code >= 500:
+			return lock.Errorf(lock.ErrUnavailable, "%s is not ready (%d: %s)", where, ae.code, ae.Error())
+		}
+		return lock.Errorf(lock.ErrRefused, "%s refused: %d %s", where, ae.code, ae.Error())
+	case tlsRefusal(err):
+		return lock.Errorf(lock.ErrRefused, "%s: %v", where, err)
+	}
+	return lock.Unreachable(where, lock.Reason(err))
+}
+
+// tlsRefusal reports whether err is a TLS peer's answer that retrying will
+// not change: a certificate we do not trust, a server that does not speak
+// TLS, or an alert it sent.
+func tlsRefusal(err error) bool {
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		header   tls.RecordHeaderError
+		op       *net.OpError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) ||
+		errors.As(err, &invalid) || errors.As(err, &header) ||
+		errors.As(err, &op) && op.Op == "remote error" ||
+		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
+}
+
+// isCode reports whether err is the API server's answer code.
+func isCode(err error, code int) bool {
+	var ae *apiError
+	return errors.As(err, &ae) && ae.code == code
+}

@@ -1,0 +1,385 @@
+package k8s
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// ServiceAccountDir is where a pod's service account is mounted: token,
+// ca.crt and namespace. A variable so that tests can point it at a
+// directory of their own; nothing else changes it.
+var ServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// config is how to reach the API server and as whom: what one URL and the
+// environment resolve to. Making it reads files only; an exec credential
+// plugin runs at the first request.
+type config struct {
+	server    string // https://host:port, no trailing slash
+	hostport  string // for messages
+	namespace string
+	source    string // where it came from, for messages: "the pod's service account", "kubeconfig context X"
+	tls       *tls.Config
+	auth      *auth
+}
+
+// loadConfig resolves a k8s:// URL: in a pod (KUBERNETES_SERVICE_HOST set
+// and a service account mounted) the service account, unless $KUBECONFIG
+// or ?context= ask for a kubeconfig; elsewhere the kubeconfig ($KUBECONFIG,
+// else ~/.kube/config). The URL's host, if any, is the namespace.
+func loadConfig(u *url.URL) (*config, error) {
+	q := u.Query()
+	for k := range q {
+		if k != "context" {
+			return nil, lock.Errorf(lock.ErrUsage, "k8s URL: unknown option %q; k8s://[NAMESPACE] takes only ?context=NAME", k)
+		}
+	}
+	if u.User != nil || u.Port() != "" || u.Path != "" && u.Path != "/" {
+		return nil, lock.Errorf(lock.ErrUsage, "k8s URL: write k8s://[NAMESPACE][?context=NAME]; the API server and credentials come from the pod's service account or the kubeconfig")
+	}
+	ns := u.Hostname()
+	if ns != "" && !isLabel(ns) {
+		return nil, lock.Errorf(lock.ErrUsage, "k8s URL: %q is not a namespace name (lower-case letters, digits and '-', at most 63)", ns)
+	}
+	context := q.Get("context")
+	var (
+		c   *config
+		err error
+	)
+	if context == "" && os.Getenv("KUBECONFIG") == "" && inCluster() {
+		c, err = inClusterConfig()
+	} else {
+		c, err = kubeconfigConfig(context)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if ns != "" {
+		c.namespace = ns
+	}
+	return c, nil
+}
+
+// inCluster says whether this process runs in a pod with a service account.
+func inCluster() bool {
+	if os.Getenv("KUBERNETES_SERVICE_HOST") == "" || os.Getenv("KUBERNETES_SERVICE_PORT") == "" {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(ServiceAccountDir, "token"))
+	return err == nil
+}
+
+// inClusterConfig is the pod's own service account, as client-go's
+// rest.InClusterConfig reads it. The token is read again at every request:
+// projected service account tokens are rotated by the kubelet.
+func inClusterConfig() (*config, error) {
+	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+	hp := net.JoinHostPort(host, port)
+	ca := filepath.Join(ServiceAccountDir, "ca.crt")
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		return nil, lock.Errorf(lock.ErrUsage, "k8s: the pod's service account has no CA certificate: %v", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, lock.Errorf(lock.ErrUsage, "k8s: no PEM certificate in %s", ca)
+	}
+	ns := "default"
+	if b, err := os.ReadFile(filepath.Join(ServiceAccountDir, "namespace")); err == nil && strings.TrimSpace(string(b)) != "" {
+		ns = strings.TrimSpace(string(b))
+	}
+	return &config{
+		server:    "https://" + hp,
+		hostport:  hp,
+		namespace: ns,
+		source:    "the pod's service account",
+		tls:       &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots},
+		auth:      &auth{tokenFile: filepath.Join(ServiceAccountDir, "token")},
+	}, nil
+}
+
+// kubeconfig is the part of a kubeconfig file that withlock reads. The
+// names are kubectl's (k8s.io/client-go/tools/clientcmd/api/v1).
+type kubeconfig struct {
+	CurrentContext string `yaml:"current-context"`
+	Clusters       []struct {
+		Name    string        `yaml:"name"`
+		Cluster clusterConfig `yaml:"cluster"`
+	} `yaml:"clusters"`
+	Users []struct {
+		Name string     `yaml:"name"`
+		User userConfig `yaml:"user"`
+	} `yaml:"users"`
+	Contexts []struct {
+		Name    string `yaml:"name"`
+		Context struct {
+			Cluster   string `yaml:"cluster"`
+			User      string `yaml:"user"`
+			Namespace string `yaml:"namespace"`
+		} `yaml:"context"`
+	} `yaml:"contexts"`
+}
+
+type clusterConfig struct {
+	Server                   string `yaml:"server"`
+	CertificateAuthority     string `yaml:"certificate-authority"`
+	CertificateAuthorityData string `yaml:"certificate-authority-data"`
+	InsecureSkipTLSVerify    bool   `yaml:"insecure-skip-tls-verify"`
+	TLSServerName            string `yaml:"tls-server-name"`
+	ProxyURL                 string `yaml:"proxy-url"`
+	dir                      string // of the file it came from, for relative paths
+}
+
+type userConfig struct {
+	Token                 string         `yaml:"token"`
+	TokenFile             string         `yaml:"tokenFile"`
+	ClientCertificate     string         `yaml:"client-certificate"`
+	ClientCertificateData string         `yaml:"client-certificate-data"`
+	ClientKey             string         `yaml:"client-key"`
+	ClientKeyData         string         `yaml:"client-key-data"`
+	Username              string         `yaml:"username"`
+	Password              string         `yaml:"password"`
+	Exec                  *execConfig    `yaml:"exec"`
+	AuthProvider          map[string]any `yaml:"auth-provider"`
+	Impersonate           string         `yaml:"as"`
+	dir                   string
+}
+
+// execConfig is a credential plugin (client.authentication.k8s.io).
+type execConfig struct {
+	APIVersion string   `yaml:"apiVersion"`
+	Command    string   `yaml:"command"`
+	Args       []string `yaml:"args"`
+	Env        []struct {
+		Name  string `yaml:"name"`
+		Value string `yaml:"value"`
+	} `yaml:"env"`
+	InstallHint        string `yaml:"installHint"`
+	ProvideClusterInfo bool   `yaml:"provideClusterInfo"`
+}
+
+// kubeconfigFiles are the kubeconfig files in kubectl's order: $KUBECONFIG
+// (a list, merged), else ~/.kube/config.
+func kubeconfigFiles() []string {
+	if env := os.Getenv("KUBECONFIG"); env != "" {
+		var files []string
+		for _, f := range filepath.SplitList(env) {
+			if f != "" {
+				files = append(files, f)
+			}
+		}
+		return files
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return nil
+	}
+	return []string{filepath.Join(home, ".kube", "config")}
+}
+
+// kubeconfigConfig reads the kubeconfig files and resolves context (the
+// current context if empty). The files are merged as kubectl merges them:
+// the first file to set a value, or to name a cluster, user or context,
+// wins; a file in $KUBECONFIG that does not exist is skipped.
+func kubeconfigConfig(context string) (*config, error) {
+	files := kubeconfigFiles()
+	var (
+		current  string
+		clusters = map[string]clusterConfig{}
+		users    = map[string]userConfig{}
+		contexts = map[string]struct{ cluster, user, namespace string }{}
+		read     []string
+	)
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, lock.Errorf(lock.ErrUsage, "k8s: kubeconfig: %v", err)
+		}
+		var kc kubeconfig
+		if err := yaml.Unmarshal(data, &kc); err != nil {
+			return nil, lock.Errorf(lock.ErrUsage, "k8s: kubeconfig %s: %v", f, err)
+		}
+		read = append(read, f)
+		dir := filepath.Dir(f)
+		if current == "" {
+			current = kc.CurrentContext
+		}
+		for _, c := range kc.Clusters {
+			if _, dup := clusters[c.Name]; !dup {
+				c.Cluster.dir = dir
+				clusters[c.Name] = c.Cluster
+			}
+		}
+		for _, u := range kc.Users {
+			if _, dup := users[u.Name]; !dup {
+				u.User.dir = dir
+				users[u.Name] = u.User
+			}
+		}
+		for _, c := range kc.Contexts {
+			if _, dup := contexts[c.Name]; !dup {
+				contexts[c.Name] = struct{ cluster, user, namespace string }{c.Context.Cluster, c.Context.User, c.Context.Namespace}
+			}
+		}
+	}
+	if len(read) == 0 {
+		return nil, lock.Errorf(lock.ErrUsage, "k8s: not in a pod (no KUBERNETES_SERVICE_HOST and service account) and no kubeconfig (%s); set KUBECONFIG or run in a pod", strings.Join(files, ", "))
+	}
+	if context == "" {
+		context = current
+	}
+	if context == "" {
+		return nil, lock.Errorf(lock.ErrUsage, "k8s: the kubeconfig (%s) has no current-context; add ?context=NAME to the URL", strings.Join(read, ", "))
+	}
+	ctx, ok := contexts[context]
+	if !ok {
+		return nil, lock.Errorf(lock.ErrUsage, "k8s: no context %q in the kubeconfig (%s)", context, strings.Join(read, ", "))
+	}
+	cluster, ok := clusters[ctx.cluster]
+	if !ok {
+		return nil, lock.Errorf(lock.ErrUsage, "k8s: kubeconfig context %q names cluster %q, which is not in the kubeconfig", context, ctx.cluster)
+	}
+	user, ok := users[ctx.user]
+	if !ok && ctx.user != "" {
+		return nil, lock.Errorf(lock.ErrUsage, "k8s: kubeconfig context %q names user %q, which is not in the kubeconfig", context, ctx.user)
+	}
+	c, err := fromKubeconfig(cluster, user)
+	if err != nil {
+		return nil, lock.Errorf(lock.ErrUsage, "k8s: kubeconfig context %q: %v", context, err)
+	}
+	c.source = fmt.Sprintf("kubeconfig context %q", context)
+	c.namespace = ctx.namespace
+	if c.namespace == "" {
+		c.namespace = "default"
+	}
+	return c, nil
+}
+
+// fromKubeconfig makes the config of one cluster and user.
+func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
+	switch {
+	case us.AuthProvider != nil:
+		return nil, fmt.Errorf("the user's auth-provider (%v) is not supported; use an exec credential plugin (kubelogin, gke-gcloud-auth-plugin, aws eks get-token), a token or a client certificate", us.AuthProvider["name"])
+	case us.Impersonate != "":
+		return nil, errors.New("impersonation (as) is not supported")
+	case cl.ProxyURL != "":
+		return nil, errors.New("proxy-url is not supported; HTTPS_PROXY is honoured")
+	case cl.Server == "":
+		return nil, errors.New("the cluster has no server")
+	}
+	su, err := url.Parse(cl.Server)
+	if err != nil || su.Host == "" || su.Scheme != "https" && su.Scheme != "http" {
+		return nil, fmt.Errorf("the cluster's server %q is not an http(s):// URL", cl.Server)
+	}
+	hp := su.Host
+	if su.Port() == "" {
+		port := "443"
+		if su.Scheme == "http" {
+			port = "80"
+		}
+		hp = net.JoinHostPort(su.Hostname(), port)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cl.TLSServerName, InsecureSkipVerify: cl.InsecureSkipTLSVerify}
+	caPEM, err := fileOrData(cl.CertificateAuthority, cl.CertificateAuthorityData, cl.dir)
+	if err != nil {
+		return nil, fmt.Errorf("certificate-authority: %v", err)
+	}
+	if caPEM != nil {
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(caPEM) {
+			return nil, errors.New("certificate-authority: no PEM certificate")
+		}
+	}
+	a := &auth{token: us.Token, username: us.Username, password: us.Password}
+	if us.TokenFile != "" {
+		a.tokenFile = resolve(us.TokenFile, us.dir)
+	}
+	certPEM, err := fileOrData(us.ClientCertificate, us.ClientCertificateData, us.dir)
+	if err != nil {
+		return nil, fmt.Errorf("client-certificate: %v", err)
+	}
+	keyPEM, err := fileOrData(us.ClientKey, us.ClientKeyData, us.dir)
+	if err != nil {
+		return nil, fmt.Errorf("client-key: %v", err)
+	}
+	if (certPEM == nil) != (keyPEM == nil) {
+		return nil, errors.New("give both a client certificate and its key")
+	}
+	if certPEM != nil {
+		pair, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate: %v", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	if us.Exec != nil {
+		e := *us.Exec
+		switch e.APIVersion {
+		case execV1, execV1beta1:
+		default:
+			return nil, fmt.Errorf("exec plugin apiVersion %q is not supported; use %s or %s", e.APIVersion, execV1, execV1beta1)
+		}
+		if e.Command == "" {
+			return nil, errors.New("the exec plugin has no command")
+		}
+		// As kubectl: a command with a slash is relative to the
+		// kubeconfig's directory; one without is looked up in PATH.
+		if strings.ContainsRune(e.Command, filepath.Separator) {
+			e.Command = resolve(e.Command, us.dir)
+		}
+		a.exec = &execPlugin{cfg: e, server: cl.Server, caData: caPEM, insecure: cl.InsecureSkipTLSVerify}
+		// A plugin may answer with a client certificate instead of a
+		// token: asked for at each handshake, from the cache.
+		if len(cfg.Certificates) == 0 {
+			cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+				// The request ran the plugin before it dialled.
+				if cred := a.exec.cached(); cred != nil && cred.cert != nil {
+					return cred.cert, nil
+				}
+				return &tls.Certificate{}, nil
+			}
+		}
+	}
+	return &config{server: strings.TrimSuffix(su.String(), "/"), hostport: hp, tls: cfg, auth: a}, nil
+}
+
+// fileOrData reads a kubeconfig value given as a file (relative to the
+// kubeconfig's directory) or inline as base64 (-data); nil if neither.
+func fileOrData(file, data, dir string) ([]byte, error) {
+	if data != "" {
+		b, err := decodeB64(data)
+		if err != nil {
+			return nil, fmt.Errorf("not base64: %v", err)
+		}
+		return b, nil
+	}
+	if file == "" {
+		return nil, nil
+	}
+	return os.ReadFile(resolve(file, dir))
+}
+
+func resolve(path, dir string) string {
+	if filepath.IsAbs(path) || dir == "" {
+		return path
+	}
+	return filepath.Join(dir, path)
+}
+
+// isLabel reports whether s is a DNS-1123 label, as namespace names are.
+func isLabel(s string) bool {
+	return len(s) <= 63 && isSubdomainPart(s)
+}

@@ -1,0 +1,355 @@
+package k8s_test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/withlock/withlock/internal/lock"
+	"github.com/withlock/withlock/internal/lock/k8s"
+	"github.com/withlock/withlock/internal/lock/locktest"
+	"github.com/withlock/withlock/internal/testenv"
+)
+
+// One API server for the whole test binary (it takes seconds to start), a
+// namespace for each test.
+var (
+	kubeOnce sync.Once
+	kube     *testenv.Kube
+	kubeErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if kube != nil {
+		kube.Close()
+	}
+	os.Exit(code)
+}
+
+// requireKube starts the shared API server on first use; without one, t
+// fails under CI and is skipped elsewhere.
+func requireKube(t *testing.T) *testenv.Kube {
+	t.Helper()
+	kubeOnce.Do(func() { kube, kubeErr = testenv.StartKube() })
+	// As testenv's Require functions: skipped outside CI (CI unset or false).
+	if ci, err := strconv.ParseBool(os.Getenv("CI")); errors.Is(kubeErr, testenv.ErrNoKube) && (os.Getenv("CI") == "" || err == nil && !ci) {
+		t.Skip(kubeErr)
+	}
+	if kubeErr != nil {
+		t.Fatal(kubeErr)
+	}
+	return kube
+}
+
+// space is a namespace of the test's own where the user "leaser" may use
+// Leases, and a kubeconfig ($KUBECONFIG for the test) that reaches the
+// server as leaser. It returns the k8s:// URL of the namespace.
+func space(t *testing.T) (*testenv.Kube, string, string) {
+	t.Helper()
+	k := requireKube(t)
+	b := make([]byte, 4)
+	rand.Read(b)
+	ns := "t-" + hex.EncodeToString(b)
+	if err := k.Namespace(ns); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Grant(ns, "leaser"); err != nil {
+		t.Fatal(err)
+	}
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := k.Kubeconfig(kc, "default", k.UserToken("leaser")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", kc)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	return k, ns, "k8s://" + ns
+}
+
+func leasePath(ns, name string) string {
+	return "/apis/coordination.k8s.io/v1/namespaces/" + ns + "/leases/" + name
+}
+
+func TestConformance(t *testing.T) {
+	k, ns, url := space(t)
+	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, url, opts) }
+	locktest.Run(t, open, locktest.Options{})
+	locktest.RunLeaseWith(t, open, func(t *testing.T, name string) {
+		if err := k.Do("DELETE", leasePath(ns, k8s.LeaseName(name)), nil, nil); err != nil {
+			t.Fatalf("deleting the Lease: %v", err)
+		}
+	}, locktest.LeaseOptions{WholeSeconds: true})
+	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
+	locktest.RunModes(t, open, locktest.ModeOptions{NoShared: true, RecordsN: true, Lease: true})
+}
+
+// TestLeaseFields: the Lease says who holds it as the issue asks: NAME
+// hashed when it is no DNS-1123 name (kept in an annotation),
+// holderIdentity host/pid, the ttl rounded up to whole seconds, both
+// times, and leaseTransitions that grows with each acquisition (the
+// token); a release clears the holder and keeps the count.
+func TestLeaseFields(t *testing.T) {
+	k, ns, url := space(t)
+	c := locktest.Open(t, url, lock.Options{TTL: 2500 * time.Millisecond, Holder: lock.Holder{Host: "web-1", PID: 42, Command: []string{"migrate", "up"}}})
+	name := "DB Migration/" + t.Name()
+	for i := 1; i <= 2; i++ {
+		l, err := c.TryAcquire(locktest.Context(t), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got k8s.Lease
+		if err := k.Do("GET", leasePath(ns, k8s.LeaseName(name)), nil, &got); err != nil {
+			t.Fatal(err)
+		}
+		s, a := got.Spec, got.Metadata.Annotations
+		if !strings.HasPrefix(got.Metadata.Name, "withlock-") || a[k8s.AnnotationName] != name {
+			t.Errorf("Lease %q, annotation name %q", got.Metadata.Name, a[k8s.AnnotationName])
+		}
+		if s.HolderIdentity != "web-1/42" || s.LeaseDurationSeconds != 3 || s.AcquireTime == "" || s.RenewTime == "" || s.LeaseTransitions != int32(i) {
+			t.Errorf("acquisition %d: spec %+v; want holder web-1/42, 3s, times set, transitions %d", i, s, i)
+		}
+		if a[k8s.AnnotationHost] != "web-1" || a[k8s.AnnotationPID] != "42" || a[k8s.AnnotationCommand] != `["migrate","up"]` {
+			t.Errorf("holder record: %v", a)
+		}
+		if tok := l.(lock.Fenced).Token(); tok != int64(i) {
+			t.Errorf("token %d, want leaseTransitions %d", tok, i)
+		}
+		if err := l.Release(locktest.Context(t)); err != nil {
+			t.Fatal(err)
+		}
+		got = k8s.Lease{}
+		if err := k.Do("GET", leasePath(ns, k8s.LeaseName(name)), nil, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Spec.HolderIdentity != "" || got.Spec.LeaseTransitions != int32(i) || got.Metadata.Annotations[k8s.AnnotationHost] != "" {
+			t.Errorf("after release: spec %+v, annotations %v; want no holder, transitions kept", got.Spec, got.Metadata.Annotations)
+		}
+	}
+}
+
+// TestErrors: SPEC §7 for what the API server refuses: 403 says the verb,
+// the resource, the namespace and the Role to grant; a missing namespace,
+// a bad token, an unreachable server. None is ErrHeld.
+func TestErrors(t *testing.T) {
+	k, ns, _ := space(t)
+	dir := t.TempDir()
+	try := func(t *testing.T, url, token string) error {
+		t.Helper()
+		kc := filepath.Join(dir, "kc-"+hex.EncodeToString([]byte(token))[:8])
+		if err := k.Kubeconfig(kc, "default", token); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("KUBECONFIG", kc)
+		_, err := locktest.Open(t, url, lock.Options{}).TryAcquire(locktest.Context(t), "job")
+		return err
+	}
+	for _, tc := range []struct {
+		desc, url, token string
+		kind             error
+		want             string
+	}{
+		{"forbidden", "k8s://" + ns, k.UserToken("nobody"), lock.ErrRefused,
+			regexp.QuoteMeta(`may not get leases (coordination.k8s.io) in namespace "`+ns+`" (403 Forbidden: `) + `.*` +
+				regexp.QuoteMeta(`); grant it a Role with verbs get, list, watch, create, update on leases in "`+ns+`"`)},
+		{"no namespace", "k8s://no-such-ns", k.AdminToken, lock.ErrRefused, `namespace "no-such-ns" does not exist`},
+		{"bad token", "k8s://" + ns, "not-a-token", lock.ErrRefused, `401 Unauthorized`},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			err := try(t, tc.url, tc.token)
+			if !errors.Is(err, tc.kind) || errors.Is(err, lock.ErrHeld) || !matches(err.Error(), tc.want) {
+				t.Errorf("%v; want %v saying %q", err, tc.kind, tc.want)
+			}
+		})
+	}
+	t.Run("unreachable", func(t *testing.T) {
+		kc := filepath.Join(dir, "closed")
+		os.WriteFile(kc, []byte(`
+current-context: x
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {username: u, password: hunter22}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+`), 0o600)
+		t.Setenv("KUBECONFIG", kc)
+		_, err := locktest.Open(t, "k8s://"+ns, lock.Options{}).TryAcquire(locktest.Context(t), "job")
+		if !errors.Is(err, lock.ErrUnavailable) || !strings.Contains(err.Error(), "cannot reach kubernetes at 127.0.0.1:1 (connection refused)") || strings.Contains(err.Error(), "hunter22") {
+			t.Errorf("%v; want ErrUnavailable: cannot reach kubernetes at 127.0.0.1:1 (connection refused)", err)
+		}
+	})
+}
+
+func matches(s, pattern string) bool {
+	ok, _ := regexp.MatchString(pattern, s)
+	return ok
+}
+
+// TestInClusterServiceAccount: in a pod, withlock uses the mounted
+// service account: a real token from the TokenRequest API, the CA, and
+// the pod's namespace. The account may use leases in its own namespace
+// only: elsewhere it gets a refusal naming what to grant.
+func TestInClusterServiceAccount(t *testing.T) {
+	k, ns, _ := space(t)
+	token, err := k.ServiceAccountToken(ns, "migrator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Grant(ns, "system:serviceaccount:"+ns+":migrator"); err != nil {
+		t.Fatal(err)
+	}
+	other := ns + "-other"
+	if err := k.Namespace(other); err != nil {
+		t.Fatal(err)
+	}
+	sa := t.TempDir()
+	ca, err := os.ReadFile(k.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(sa, "ca.crt"), ca, 0o600)
+	os.WriteFile(filepath.Join(sa, "token"), []byte(token), 0o600)
+	os.WriteFile(filepath.Join(sa, "namespace"), []byte(ns), 0o600)
+	old := k8s.ServiceAccountDir
+	k8s.ServiceAccountDir = sa
+	t.Cleanup(func() { k8s.ServiceAccountDir = old })
+	host, port, _ := strings.Cut(strings.TrimPrefix(k.URL, "https://"), ":")
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("KUBERNETES_SERVICE_HOST", host)
+	t.Setenv("KUBERNETES_SERVICE_PORT", port)
+
+	c := locktest.Open(t, "k8s://", lock.Options{})
+	l, err := c.TryAcquire(locktest.Context(t), "dbmigration")
+	if err != nil {
+		t.Fatalf("in-cluster TryAcquire in the pod's namespace: %v", err)
+	}
+	var got k8s.Lease
+	if err := k.Do("GET", leasePath(ns, "dbmigration"), nil, &got); err != nil {
+		t.Fatalf("the Lease is not in the pod's namespace %s: %v", ns, err)
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = locktest.Open(t, "k8s://"+other, lock.Options{}).TryAcquire(locktest.Context(t), "dbmigration")
+	want := fmt.Sprintf(`the pod's service account may not get leases (coordination.k8s.io) in namespace %q (403 Forbidden`, other)
+	if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), want) {
+		t.Errorf("in another namespace: %v; want ErrRefused saying %q", err, want)
+	}
+}
+
+// TestExecPluginServer: a kubeconfig whose user is an exec credential
+// plugin (a shell script printing an ExecCredential with leaser's token)
+// reaches the real server.
+func TestExecPluginServer(t *testing.T) {
+	k, ns, _ := space(t)
+	dir := t.TempDir()
+	plugin := filepath.Join(dir, "plugin.sh")
+	os.WriteFile(plugin, []byte(`#!/bin/sh
+printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s"}}\n' "$TOKEN"
+`), 0o755)
+	kc := filepath.Join(dir, "kubeconfig")
+	os.WriteFile(kc, []byte(fmt.Sprintf(`
+current-context: x
+clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
+users:
+- name: u
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: %s
+      env: [{name: TOKEN, value: %q}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+`, k.URL, k.CAFile, plugin, k.UserToken("leaser"), ns)), 0o600)
+	t.Setenv("KUBECONFIG", kc)
+	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatalf("TryAcquire with an exec plugin's token: %v", err)
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWatchWakes: a waiter's Notify channel fires when the holder releases,
+// and not before (nobody writes meanwhile: a raw Lease is not renewed).
+func TestWatchWakes(t *testing.T) {
+	_, _, url := space(t)
+	a, b := locktest.Open(t, url, lock.Options{}), locktest.Open(t, url, lock.Options{})
+	name := locktest.Name(t)
+	l, err := a.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := b.Backend.(lock.Notifier)
+	ch, stop, err := n.Notify(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	select {
+	case <-ch:
+		t.Fatal("Notify fired while nothing changed")
+	case <-time.After(300 * time.Millisecond): // it must not fire: a wait is the check
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	select {
+	case <-ch:
+		t.Logf("woken %v after the release", time.Since(released))
+	case <-time.After(10 * time.Second):
+		t.Fatal("Notify did not fire within 10s of the release")
+	}
+}
+
+// TestContenders: 16 clients take one NAME 5 times each through Acquire;
+// never two inside at once, and the tokens grow in the order they entered.
+func TestContenders(t *testing.T) {
+	_, _, url := space(t)
+	name := locktest.Name(t)
+	var inside atomic.Int32
+	var mu sync.Mutex
+	var last int64
+	var wg sync.WaitGroup
+	for i := range 16 {
+		c := locktest.Open(t, url, lock.Options{TTL: 6 * time.Second, Holder: lock.Holder{Host: "c", PID: i + 1}})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				h, err := c.Acquire(locktest.Context(t), name)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if n := inside.Add(1); n != 1 {
+					t.Errorf("%d holders inside at once", n)
+				}
+				tok, _ := h.Token()
+				mu.Lock()
+				if tok <= last {
+					t.Errorf("token %d after %d", tok, last)
+				}
+				last = tok
+				mu.Unlock()
+				time.Sleep(time.Millisecond) // some work inside
+				inside.Add(-1)
+				if err := h.Release(locktest.Context(t)); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if last != 80 {
+		t.Errorf("last token %d; want 80 acquisitions counted", last)
+	}
+}

@@ -1,0 +1,186 @@
+package k8s
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/withlock/withlock/internal/lock"
+)
+
+// Inspect returns name's holders: its Lease, and a semaphore's other
+// slots (found by their label). It only reads (get, list).
+//
+// Whether a holder's lease has run out is judged here by this host's clock
+// against the holder's renewTime: status is a report, and it has nothing
+// better; the locking itself never compares clocks.
+func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) {
+	leases, err := b.leasesOf(ctx, name)
+	if err != nil {
+		return lock.State{}, err
+	}
+	st := lock.State{Name: name, Key: b.cfg.namespace + "/" + LeaseName(name)}
+	for _, l := range leases {
+		b.addHolder(&st, &l, time.Now())
+	}
+	sortHolders(&st)
+	return st, nil
+}
+
+// leasesOf returns name's Leases: those with its label (a semaphore's
+// slots) and its own Lease, which another tool may have made without.
+func (b *backend) leasesOf(ctx context.Context, name string) ([]Lease, error) {
+	list, err := b.c.list(ctx, b.cfg.namespace, url.Values{"labelSelector": {LabelLock + "=" + hashOf(name)}})
+	if err != nil {
+		return nil, b.classify(err, "list")
+	}
+	leases := list.Items
+	first := LeaseName(name)
+	if !slices.ContainsFunc(leases, func(l Lease) bool { return l.Metadata.Name == first }) {
+		l, err := b.c.get(ctx, b.cfg.namespace, first)
+		switch {
+		case isCode(err, http.StatusNotFound):
+		case err != nil:
+			return nil, b.classify(err, "get")
+		default:
+			leases = append(leases, *l)
+		}
+	}
+	// Skip another name whose hash shares the label's prefix.
+	return slices.DeleteFunc(leases, func(l Lease) bool {
+		n := l.Metadata.Annotations[AnnotationName]
+		return n != "" && n != name
+	}), nil
+}
+
+// List returns every withlock lock held in the namespace: its Leases with
+// withlock's label, grouped by the name they record.
+func (b *backend) List(ctx context.Context) ([]lock.State, error) {
+	list, err := b.c.list(ctx, b.cfg.namespace, url.Values{"labelSelector": {LabelManagedBy + "=withlock"}})
+	if err != nil {
+		return nil, b.classify(err, "list")
+	}
+	byName := map[string]*lock.State{}
+	now := time.Now()
+	for _, l := range list.Items {
+		name := l.Metadata.Annotations[AnnotationName]
+		if name == "" {
+			continue
+		}
+		st := byName[name]
+		if st == nil {
+			st = &lock.State{Name: name, Key: b.cfg.namespace + "/" + LeaseName(name)}
+			byName[name] = st
+		}
+		b.addHolder(st, &l, now)
+	}
+	var held []lock.State
+	for _, st := range byName {
+		if len(st.Holders) > 0 {
+			sortHolders(st)
+			held = append(held, *st)
+		}
+	}
+	slices.SortFunc(held, func(x, y lock.State) int { return strings.Compare(x.Name, y.Name) })
+	return held, nil
+}
+
+// addHolder adds l's holder to st if it has one whose lease has not run
+// out by now.
+func (b *backend) addHolder(st *lock.State, l *Lease, now time.Time) {
+	h, ok := holderOf(l)
+	if !ok || !h.ExpiresAt.After(now) {
+		return
+	}
+	st.Holders = append(st.Holders, h)
+	if n := recordedN(l); n > 1 {
+		st.Mode, st.MaxHolders = lock.Semaphore, n
+	} else if st.Mode == "" {
+		st.Mode = lock.Exclusive
+	}
+}
+
+// holderOf reads l's holder: its record where withlock wrote one, else
+// what holderIdentity says.
+func holderOf(l *Lease) (lock.Holder, bool) {
+	if l.Spec.HolderIdentity == "" {
+		return lock.Holder{}, false
+	}
+	a := l.Metadata.Annotations
+	h := lock.Holder{
+		Host:       a[AnnotationHost],
+		AcquiredAt: parseMicro(l.Spec.AcquireTime),
+		Token:      int64(l.Spec.LeaseTransitions),
+	}
+	h.PID, _ = strconv.Atoi(a[AnnotationPID])
+	json.Unmarshal([]byte(a[AnnotationCommand]), &h.Command)
+	if h.Host == "" {
+		// Another tool's holder (client-go's leader election): its
+		// identity is all there is.
+		h.Host = l.Spec.HolderIdentity
+	}
+	renewed := parseMicro(l.Spec.RenewTime)
+	if renewed.IsZero() {
+		renewed = h.AcquiredAt
+	}
+	h.ExpiresAt = renewed.Add(time.Duration(l.Spec.LeaseDurationSeconds) * time.Second)
+	return h, true
+}
+
+func sortHolders(st *lock.State) {
+	if len(st.Holders) == 0 {
+		*st = lock.State{Name: st.Name, Key: st.Key}
+		return
+	}
+	slices.SortFunc(st.Holders, func(x, y lock.Holder) int {
+		if c := x.AcquiredAt.Compare(y.AcquiredAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.Token, y.Token)
+	})
+}
+
+// Break clears the holder of each of name's Leases that has one, each
+// conditional on the version just read, so that a holder that renewed in
+// between is not broken blind: that is ErrHeld, and release --force can
+// be run again. The Leases stay, with their count of acquisitions (the
+// fencing token). Their holders find the Lease no longer theirs at their
+// next renewal (within ttl/3) and stop.
+func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error) {
+	leases, err := b.leasesOf(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	var broken []lock.Holder
+	for _, l := range leases {
+		h, ok := holderOf(&l)
+		if !ok {
+			continue
+		}
+		_, created, err := b.c.update(ctx, b.cfg.namespace, freed(&l))
+		if err == nil && created {
+			continue // deleted since the list: nothing to break (the copy is free)
+		}
+		switch {
+		case isCode(err, http.StatusConflict):
+			return broken, lock.Errorf(lock.ErrHeld, "the Lease %s/%s changed while it was being broken; run release --force again", b.cfg.namespace, l.Metadata.Name)
+		case isCode(err, http.StatusNotFound):
+			continue
+		case err != nil:
+			return broken, b.classify(err, "update")
+		}
+		broken = append(broken, h)
+	}
+	return broken, nil
+}
+
+var (
+	_ lock.Inspector = (*backend)(nil)
+	_ lock.Breaker   = (*backend)(nil)
+)
