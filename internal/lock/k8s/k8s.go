@@ -414,8 +414,24 @@ type lease struct {
 	obj  *Lease
 }
 
-// Token is leaseTransitions, which every acquisition raises by one.
-func (l *lease) Token() int64 { return int64(l.obj.Spec.LeaseTransitions) }
+// Token is the fencing token of the acquisition that wrote l.obj.
+func (l *lease) Token() int64 { return tokenOf(l.obj) }
+
+// tokenOf is the fencing token of l's holder: leaseTransitions, which every
+// acquisition raises by one, for an exclusive lock. A semaphore's holders
+// that read the slots at once write the same count into different slots,
+// so its token is count × N + slot: never given twice (a slot's next
+// holder read this one's count and writes a larger one), and larger than
+// that of any holder whose acquisition ended before this one's read began.
+func tokenOf(l *Lease) int64 {
+	n, slot := recordedN(l), 0
+	if rest, ok := strings.CutPrefix(l.Metadata.Name, "withlock-"+l.Metadata.Labels[LabelLock]+"-"); ok && n > 1 {
+		if i, err := strconv.Atoi(rest); err == nil && i > 0 && i < n {
+			slot = i
+		}
+	}
+	return int64(l.Spec.LeaseTransitions)*int64(n) + int64(slot)
+}
 
 // Keep renews the Lease: renewTime set to now, conditional on the version
 // we wrote last. A conflict is a loss if the Lease now has another holder

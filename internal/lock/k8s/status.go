@@ -116,7 +116,7 @@ func holderOf(l *Lease) (lock.Holder, bool) {
 	h := lock.Holder{
 		Host:       a[AnnotationHost],
 		AcquiredAt: parseMicro(l.Spec.AcquireTime),
-		Token:      int64(l.Spec.LeaseTransitions),
+		Token:      tokenOf(l),
 	}
 	h.PID, _ = strconv.Atoi(a[AnnotationPID])
 	json.Unmarshal([]byte(a[AnnotationCommand]), &h.Command)
