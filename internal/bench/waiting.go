@@ -275,24 +275,7 @@ func etcdOps(port int) func() (int64, error) {
 		if err != nil {
 			return 0, err
 		}
-		var n float64
-		found := false
-		for line := range strings.Lines(string(body)) {
-			if !strings.HasPrefix(line, "grpc_server_msg_received_total{") {
-				continue
-			}
-			f := strings.Fields(line)
-			v, err := strconv.ParseFloat(f[len(f)-1], 64)
-			if err != nil {
-				return 0, fmt.Errorf("etcd /metrics: %q", line)
-			}
-			n += v
-			found = true
-		}
-		if !found {
-			return 0, fmt.Errorf("etcd /metrics has no grpc_server_msg_received_total")
-		}
-		return int64(n), nil
+		return sumMetric(body, "grpc_server_msg_received_total", "etcd")
 	}
 }
 
@@ -392,23 +375,29 @@ func kubeOps(k *testenv.Kube) (func() (int64, error), error) {
 		if err != nil {
 			return 0, err
 		}
-		var n float64
-		found := false
-		for line := range strings.Lines(string(body)) {
-			if !strings.HasPrefix(line, "apiserver_request_total{") {
-				continue
-			}
-			f := strings.Fields(line)
-			v, err := strconv.ParseFloat(f[len(f)-1], 64)
-			if err != nil {
-				return 0, fmt.Errorf("kube-apiserver /metrics: %q", line)
-			}
-			n += v
-			found = true
-		}
-		if !found {
-			return 0, fmt.Errorf("kube-apiserver /metrics has no apiserver_request_total")
-		}
-		return int64(n), nil
+		return sumMetric(body, "apiserver_request_total", "kube-apiserver")
 	}, nil
+}
+
+// sumMetric sums the samples of the Prometheus counter metric, over all its
+// labels, in body, a /metrics page of server.
+func sumMetric(body []byte, metric, server string) (int64, error) {
+	var n float64
+	found := false
+	for line := range strings.Lines(string(body)) {
+		if !strings.HasPrefix(line, metric+"{") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s /metrics: %q", server, line)
+		}
+		n += v
+		found = true
+	}
+	if !found {
+		return 0, fmt.Errorf("%s /metrics has no %s", server, metric)
+	}
+	return int64(n), nil
 }
