@@ -78,10 +78,20 @@ func Command() *cobra.Command {
 
 func newRootCmd(env *environment) *cobra.Command {
 	root := newRunCmd(env, "withlock [flags] NAME -- COMMAND [ARG...]")
-	info := readBuildInfo()
-	root.Version = info.Version
-	// No template actions in it: the text is printed as it is.
-	root.SetVersionTemplate(info.text())
+	// --version is ours, not cobra's: cobra prints a custom version text
+	// through text/template, and a program that links text/template keeps
+	// every exported method of every type it uses (the template may call
+	// any of them by name), which was 8 MB of go-redis's commands alone and
+	// milliseconds of page faults in every start.
+	showVersion := root.Flags().Bool("version", false, "print the version, as withlock version does")
+	runLocked := root.RunE
+	root.RunE = func(c *cobra.Command, args []string) error {
+		if *showVersion {
+			_, err := io.WriteString(env.stdout, readBuildInfo().text())
+			return err
+		}
+		return runLocked(c, args)
+	}
 	root.AddCommand(
 		newRunCmd(env, "run [flags] NAME -- COMMAND [ARG...]"),
 		newStatusCmd(env),
