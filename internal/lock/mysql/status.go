@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
@@ -36,7 +37,7 @@ import (
 // slotsSQL lists the slots of a name that are held, 0 to MaxHolders-1
 // (without a recursive CTE, which MySQL 5.7 lacks), and their holders'
 // connection ids: $1 is Key, $2 the slot prefix.
-var slotsSQL = func() string {
+var slotsSQL = sync.OnceValue(func() string {
 	digit := "(SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 " +
 		"UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)"
 	return fmt.Sprintf(`SELECT s.i, s.id FROM (
@@ -44,7 +45,7 @@ var slotsSQL = func() string {
 	FROM (SELECT a.n + 10 * b.n + 100 * c.n AS i FROM %[1]s a CROSS JOIN %[1]s b CROSS JOIN %[1]s c) d
 	WHERE d.i < %[2]d) s
 WHERE s.id IS NOT NULL ORDER BY s.i`, digit, MaxHolders)
-}()
+})
 
 // holdersSQL tells what is known of connections $1..: id, client
 // address, @withlock, @withlock_at, and the attributes _pid and
@@ -99,7 +100,7 @@ func (b *backend) auxFailed(ctx context.Context, err error) error {
 
 // slots returns the connection ids holding name's slots, by slot.
 func slots(ctx context.Context, c *sql.Conn, name string) (map[int]int64, error) {
-	rows, err := c.QueryContext(ctx, slotsSQL, Key(name), slotPrefix(name))
+	rows, err := c.QueryContext(ctx, slotsSQL(), Key(name), slotPrefix(name))
 	if err != nil {
 		return nil, err
 	}

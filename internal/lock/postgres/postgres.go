@@ -18,6 +18,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode"
@@ -342,18 +343,22 @@ from (select s.*, case when s.standby or s.shared is not null or s.pid <> all($4
 
 // lockSQLs are the lock statements of each mode: a single attempt, and a
 // wait in the server's queue. A semaphore has no wait statement; see
-// acquireSlot.
-var lockSQLs = map[lock.Mode][2]string{
-	lock.Exclusive: {
-		fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock($1::int4, $2::int4) then 0 else -1 end", "$6"),
-		fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock($1::int4, $2::int4))", "$6"),
-	},
-	lock.Shared: {
-		fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock_shared($1::int4, $2::int4) then 0 else -1 end", "$6"),
-		fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock_shared($1::int4, $2::int4))", "$6"),
-	},
-	lock.Semaphore: {fmt.Sprintf(lockSQL, semTrySQL, "$11")}, // after semTrySQL's five
-}
+// acquireSlot. They are built at first use, as every statement put
+// together with Sprintf here: package init runs in every withlock start,
+// whatever the backend (SPEC §11).
+var lockSQLs = sync.OnceValue(func() map[lock.Mode][2]string {
+	return map[lock.Mode][2]string{
+		lock.Exclusive: {
+			fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock($1::int4, $2::int4) then 0 else -1 end", "$6"),
+			fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock($1::int4, $2::int4))", "$6"),
+		},
+		lock.Shared: {
+			fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock_shared($1::int4, $2::int4) then 0 else -1 end", "$6"),
+			fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock_shared($1::int4, $2::int4))", "$6"),
+		},
+		lock.Semaphore: {fmt.Sprintf(lockSQL, semTrySQL, "$11")}, // after semTrySQL's five
+	}
+})
 
 // boundSQL is SPEC §5's server-side bound, set on the session once it holds
 // the lock: the server ends the session, and with it the lock, once
@@ -413,9 +418,9 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 	if mode == lock.Semaphore {
 		sem = newSemaphore(name, b.opts.MaxHolders)
 	}
-	sql := lockSQLs[mode][0]
+	sql := lockSQLs()[mode][0]
 	if wait {
-		sql = lockSQLs[mode][1]
+		sql = lockSQLs()[mode][1]
 	}
 	rec := b.record(name, nil)
 	for probes := 1; ; probes++ {
@@ -627,8 +632,8 @@ const keepSlotSQL = `
 		then pg_notify($8, '') end`
 
 var (
-	keepOneSQL = fmt.Sprintf(keepSQL, "")
-	keepSemSQL = fmt.Sprintf(keepSQL, keepSlotSQL)
+	keepOneSQL = sync.OnceValue(func() string { return fmt.Sprintf(keepSQL, "") })
+	keepSemSQL = sync.OnceValue(func() string { return fmt.Sprintf(keepSQL, keepSlotSQL) })
 )
 
 // check says what is wrong with the session, "" if nothing: err is set
@@ -642,9 +647,9 @@ func (l *lease) check(ctx context.Context) (why string, err error) {
 	)
 	args := []any{pgx.QueryExecModeSimpleProtocol, int64(uint32(l.k1)), int64(uint32(l.k2)), l.record}
 	dest := []any{nil, &pid, &standby, &mark, &held}
-	sql := keepOneSQL
+	sql := keepOneSQL()
 	if l.sem != nil {
-		sql = keepSemSQL
+		sql = keepSemSQL()
 		args = append(args, l.sem.slotHi, int64(uint32(l.sem.slot(l.slot))), l.sem.slotMid, l.sem.n, l.sem.channel)
 		dest = append(dest, nil)
 	}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -62,8 +63,10 @@ left join lateral (select h.pid, ` + sessionColumns + `,
 	where not r.standby) x on true`
 
 var (
-	breakWaitSQL = fmt.Sprintf(breakSQL, "pg_terminate_backend(h.pid, $1::int8)")
-	breakSendSQL = fmt.Sprintf(breakSQL, "pg_terminate_backend(h.pid) and $1::int8 is not null")
+	breakWaitSQL = sync.OnceValue(func() string { return fmt.Sprintf(breakSQL, "pg_terminate_backend(h.pid, $1::int8)") })
+	breakSendSQL = sync.OnceValue(func() string {
+		return fmt.Sprintf(breakSQL, "pg_terminate_backend(h.pid) and $1::int8 is not null")
+	})
 )
 
 // session is what pg_stat_activity shows of a session; nil pointers are
@@ -82,7 +85,7 @@ func (s *session) columns() []any {
 }
 
 // appName is withlock's application_name (cut at 63 bytes by the server).
-var appName = regexp.MustCompile(`^withlock (\d+)@(\S+)(?: (.*))?$`)
+var appName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^withlock (\d+)@(\S+)(?: (.*))?$`) })
 
 // holder is what s shows of its holder, and the lock name the session
 // says it holds ("" if it says none). The record is the source; failing
@@ -101,7 +104,7 @@ func (s *session) holder() (lock.Holder, string) {
 		case s.stateChange != nil:
 			h.AcquiredAt = *s.stateChange // when the statement that took it returned
 		}
-	} else if m := appName.FindStringSubmatch(deref(s.app)); m != nil {
+	} else if m := appName().FindStringSubmatch(deref(s.app)); m != nil {
 		h.PID, _ = strconv.Atoi(m[1])
 		h.Host, name = m[2], m[3]
 	} else {
@@ -132,7 +135,7 @@ func (s *session) describe(connected bool) string {
 	if s.user != nil {
 		parts = append(parts, "user "+*s.user)
 	}
-	if app := deref(s.app); app != "" && !appName.MatchString(app) {
+	if app := deref(s.app); app != "" && !appName().MatchString(app) {
 		parts = append(parts, "application_name "+strconv.Quote(app))
 	}
 	if c := s.client(); c != "" {
@@ -398,9 +401,9 @@ func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error)
 		// Leave time for the answer: the server says what it did.
 		wait = time.Until(deadline) * 9 / 10
 	}
-	sql := breakWaitSQL
+	sql := breakWaitSQL()
 	if v := majorVersion(conn.PgConn().ParameterStatus("server_version")); v > 0 && v < 14 {
-		sql = breakSendSQL
+		sql = breakSendSQL()
 	}
 	rows, _ := conn.Query(ctx, sql, append([]any{max(wait.Milliseconds(), 1)}, sem.nameArgs()...)...)
 	var (

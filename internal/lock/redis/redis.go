@@ -176,7 +176,7 @@ const closeTimeout = time.Second
 func (b *backend) Close() error {
 	if b.marked != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		unmarkScript.Run(ctx, b.client, []string{WriterKey(b.marked), Channel(b.marked)}, b.id)
+		unmarkScript().Run(ctx, b.client, []string{WriterKey(b.marked), Channel(b.marked)}, b.id)
 		cancel()
 		b.marked = ""
 	}
@@ -194,13 +194,13 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	if !b.opts.NoWait {
 		mark = markTTL.Milliseconds()
 	}
-	cmd, acks, err := b.run(ctx, acquireScript, []string{Key(name), FenceKey(name), FreshKey, WriterKey(name)},
+	cmd, acks, err := b.run(ctx, acquireScript(), []string{Key(name), FenceKey(name), FreshKey, WriterKey(name)},
 		token, b.opts.TTL.Milliseconds(), string(b.opts.Mode), b.opts.MaxHolders, b.record, b.id, mark)
 	if err != nil {
 		if cmd.Err() == nil {
 			// The lease may be ours but WAIT did not answer: give it back
 			// if the connection still lets us.
-			releaseScript.Run(ctx, b.client, []string{Key(name), Channel(name)}, token)
+			releaseScript().Run(ctx, b.client, []string{Key(name), Channel(name)}, token)
 		}
 		return nil, b.classify(err)
 	}
@@ -432,7 +432,7 @@ func (l *lease) Token() int64 { return l.fence }
 // Keep renews the lease for another TTL, judged by the server's clock. With
 // wait_replicas, a renewal counts only once the replicas have it.
 func (l *lease) Keep(ctx context.Context) error {
-	cmd, acks, err := l.b.run(ctx, renewScript, []string{Key(l.name)}, l.token, l.b.opts.TTL.Milliseconds())
+	cmd, acks, err := l.b.run(ctx, renewScript(), []string{Key(l.name)}, l.token, l.b.opts.TTL.Milliseconds())
 	if err != nil {
 		if goredis.HasErrorPrefix(err, "READONLY") {
 			return lock.Errorf(lock.ErrLost, "redis at %s became a replica (a failover?), where the lease can no longer be renewed", l.b.addr)
@@ -452,7 +452,7 @@ func (l *lease) Keep(ctx context.Context) error {
 }
 
 func (l *lease) Release(ctx context.Context) error {
-	n, err := releaseScript.Run(ctx, l.b.client, []string{Key(l.name), Channel(l.name)}, l.token).Int64()
+	n, err := releaseScript().Run(ctx, l.b.client, []string{Key(l.name), Channel(l.name)}, l.token).Int64()
 	if err != nil {
 		return l.b.classify(err)
 	}
@@ -469,7 +469,7 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	if left < time.Millisecond {
 		return l.Release(ctx)
 	}
-	n, err := renewScript.Run(ctx, l.b.client, []string{Key(l.name)}, l.token, left.Milliseconds()).Int64()
+	n, err := renewScript().Run(ctx, l.b.client, []string{Key(l.name)}, l.token, left.Milliseconds()).Int64()
 	if err != nil {
 		return l.b.classify(err)
 	}

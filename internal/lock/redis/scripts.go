@@ -1,6 +1,10 @@
 package redis
 
-import goredis "github.com/redis/go-redis/v9"
+import (
+	"sync"
+
+	goredis "github.com/redis/go-redis/v9"
+)
 
 // The lock of NAME is one hash, withlock:NAME (Key), in every mode:
 //
@@ -75,6 +79,12 @@ const (
 	replyForeign  = 5 // {5, the key's type, its PTTL}: not a lock of this withlock
 )
 
+// script is a Lua script whose SHA-1 is worked out at first use rather
+// than at package init, which every withlock start pays (SPEC §11).
+func script(src string) func() *goredis.Script {
+	return sync.OnceValue(func() *goredis.Script { return goredis.NewScript(src) })
+}
+
 var (
 	// acquire takes a place among NAME's holders if the mode allows it,
 	// and sets the fencing token in the same step.
@@ -96,7 +106,7 @@ var (
 	// shared or semaphore holders leaves the writer mark, which new shared
 	// and semaphore holders respect, so that a stream of them cannot starve
 	// it; the exclusive holder that takes the lock clears its own mark.
-	acquireScript = goredis.NewScript(`
+	acquireScript = script(`
 if redis.replicate_commands then redis.replicate_commands() end` + luaCommon + `
 local role = string.match(redis.call('INFO', 'replication'), 'role:([%w-]+)')
 if role and role ~= 'master' then
@@ -163,7 +173,7 @@ return {1, fence}`)
 	// now, if it is still a holder. It returns 1 when it did, 0 when it is
 	// not a holder (its lease ended, was deleted or broken), and -1 on a
 	// replica: a failover demoted the server we hold the lease on.
-	renewScript = goredis.NewScript(`
+	renewScript = script(`
 if redis.replicate_commands then redis.replicate_commands() end` + luaCommon + `
 local role = string.match(redis.call('INFO', 'replication'), 'role:([%w-]+)')
 if role and role ~= 'master' then
@@ -188,7 +198,7 @@ return 1`)
 	// lock when it was the last, and tells the waiters (KEYS[2] is the
 	// release channel): a freed semaphore slot or shared place is news to
 	// them too. It returns 1, or 0 when ARGV[1] was no longer a holder.
-	releaseScript = goredis.NewScript(`
+	releaseScript = script(`
 if redis.replicate_commands then redis.replicate_commands() end` + luaCommon + `
 local lock = KEYS[1]
 if kind(lock) ~= 'hash' then
@@ -208,7 +218,7 @@ return 1`)
 
 	// unmark deletes the writer mark KEYS[1] if this client (ARGV[1]) set
 	// it, and tells the waiters that shared holders may come in again.
-	unmarkScript = goredis.NewScript(`
+	unmarkScript = script(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PUBLISH', KEYS[2], '')
   redis.call('DEL', KEYS[1])
@@ -222,7 +232,7 @@ return 0`)
 	// when it deleted one, and {2, type} for a key that is not a lease (a
 	// hash of this withlock, or a string with an expiry from an older one),
 	// which it leaves alone.
-	breakScript = goredis.NewScript(`
+	breakScript = script(`
 if redis.replicate_commands then redis.replicate_commands() end` + luaCommon + `
 local lock = KEYS[1]
 local k = kind(lock)

@@ -190,7 +190,7 @@ func parseHolder(v string) (lock.Holder, bool) {
 // next renewal (within ttl/3) and stop. A key at withlock:NAME that is no
 // lease (no expiry, or not a string or hash) is left alone: ErrHeld.
 func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error) {
-	reply, err := breakScript.Run(ctx, b.client, []string{Key(name), Channel(name)}).Slice()
+	reply, err := breakScript().Run(ctx, b.client, []string{Key(name), Channel(name)}).Slice()
 	if err != nil {
 		return nil, b.classify(err)
 	}
