@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -324,8 +325,8 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 // (null: not attempted; 0 or, for a semaphore, the slot: taken; negative:
 // not taken, see semTrySQL), the server's time after the lock, the
 // release of whatever a failed semaphore attempt took on its way, the
-// session's mark, and the server-side bound (boundSQL; %[2]s is the
-// parameter that holds the ttl in milliseconds).
+// session's mark, and the server-side bound (boundSQL; %[2]s is the first
+// of its three parameters, boundArgs).
 const lockSQL = `select $5::text as withlock, x.pid, x.standby, x.shared, x.v, clock_timestamp(),
 	case when x.v < 0 then pg_advisory_unlock_all() end,
 	set_config('withlock.session', $3, false),
@@ -335,7 +336,7 @@ from (select s.*, case when s.standby or s.shared is not null or s.pid <> all($4
 	from (select pg_backend_pid() as pid, pg_is_in_recovery() as standby,
 			case when coalesce(current_setting('withlock.session', true), '') not in ('', $3)
 				then 'another connection had used this server session'
-			when exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid())
+			when exists(select 1 from pg_lock_status() l where l.locktype = 'advisory' and l.pid = pg_backend_pid())
 				then 'this server session already held advisory locks'
 			end as shared
 		offset 0) s
@@ -349,20 +350,20 @@ from (select s.*, case when s.standby or s.shared is not null or s.pid <> all($4
 var lockSQLs = sync.OnceValue(func() map[lock.Mode][2]string {
 	return map[lock.Mode][2]string{
 		lock.Exclusive: {
-			fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock($1::int4, $2::int4) then 0 else -1 end", "$6"),
-			fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock($1::int4, $2::int4))", "$6"),
+			fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock($1::int4, $2::int4) then 0 else -1 end", "$6", "$7", "$8"),
+			fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock($1::int4, $2::int4))", "$6", "$7", "$8"),
 		},
 		lock.Shared: {
-			fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock_shared($1::int4, $2::int4) then 0 else -1 end", "$6"),
-			fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock_shared($1::int4, $2::int4))", "$6"),
+			fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock_shared($1::int4, $2::int4) then 0 else -1 end", "$6", "$7", "$8"),
+			fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock_shared($1::int4, $2::int4))", "$6", "$7", "$8"),
 		},
-		lock.Semaphore: {fmt.Sprintf(lockSQL, semTrySQL, "$11")}, // after semTrySQL's five
+		lock.Semaphore: {fmt.Sprintf(lockSQL, semTrySQL, "$11", "$12", "$13")}, // after semTrySQL's five
 	}
 })
 
 // boundSQL is SPEC §5's server-side bound, set on the session once it holds
 // the lock: the server ends the session, and with it the lock, once
-// withlock has been silent for the ttl (%[2]s, in milliseconds), so that a
+// withlock has been silent for the ttl, so that a
 // holder that is frozen or partitioned away does not keep the lock for the
 // others until the server notices a dead client (hours, with default
 // keepalives). Every timer below starts at or after the last statement
@@ -384,14 +385,28 @@ var lockSQLs = sync.OnceValue(func() map[lock.Mode][2]string {
 // A setting the server does not have is skipped (current_setting(..., true)
 // is null), not an error, so that older servers still grant the lock. Its
 // value: idle_session_timeout as set, or null when the server has none.
+//
+// Its values are boundArgs, worked out here rather than by the server: in
+// the first statement of a new server process every function, operator and
+// cast costs a catalog lookup, and the arithmetic took a millisecond there
+// (pg_lock_status() instead of the pg_locks view above saves another).
 const boundSQL = `(select case when current_setting('idle_session_timeout', true) is not null
-			then set_config('idle_session_timeout', %[2]s::int8::text, false) end
+			then set_config('idle_session_timeout', %[2]s, false) end
 		from (select case when current_setting('tcp_user_timeout', true) is not null
-				then set_config('tcp_user_timeout', %[2]s::int8::text, false) end,
-			set_config('tcp_keepalives_idle', greatest(1, ceil(%[2]s::int8 / 2000.0))::int8::text, false),
-			set_config('tcp_keepalives_interval', greatest(1, ceil(%[2]s::int8 / 6000.0))::int8::text, false),
+				then set_config('tcp_user_timeout', %[2]s, false) end,
+			set_config('tcp_keepalives_idle', %[3]s, false),
+			set_config('tcp_keepalives_interval', %[4]s, false),
 			set_config('tcp_keepalives_count', '3', false)
 			offset 0) k)`
+
+// boundArgs are boundSQL's values for a ttl, as text: the ttl in
+// milliseconds, then the keepalives' idle time (ttl/2) and interval (ttl/6)
+// in whole seconds, rounded up, at least 1.
+func boundArgs(ttl time.Duration) []any {
+	ms := ttl.Milliseconds()
+	ceilDiv := func(n, d int64) int64 { return max(1, (n+d-1)/d) }
+	return []any{strconv.FormatInt(ms, 10), strconv.FormatInt(ceilDiv(ms, 2000), 10), strconv.FormatInt(ceilDiv(ms, 6000), 10)}
+}
 
 // maxProbes bounds the connections of one attempt behind a pooler.
 const maxProbes = 4
@@ -436,7 +451,7 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 		if sem != nil {
 			args = append(args, sem.n, sem.mark(), sem.markHi, sem.markMid, sem.slotBase)
 		}
-		args = append(args, b.opts.TTL.Milliseconds())
+		args = append(args, boundArgs(b.opts.TTL)...)
 		var (
 			pid     int64
 			standby bool

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -82,5 +83,22 @@ func TestRecordFits(t *testing.T) {
 	lit = quote(r.fit())
 	if got, ok := parseRecord("select " + lit); !ok || got.Name != "" || len(lit) > maxLiteral {
 		t.Errorf("record with a long name and host: %d bytes, name %q, ok %v; want the name left out", len(lit), got.Name, ok)
+	}
+}
+
+// TestBoundArgs: the server-side bound's values, as boundSQL sets them.
+func TestBoundArgs(t *testing.T) {
+	for _, c := range []struct {
+		ttl  time.Duration
+		want string
+	}{
+		{15 * time.Second, "[15000 8 3]"}, // keepalives: idle 7.5s and interval 2.5s, rounded up
+		{12 * time.Second, "[12000 6 2]"},
+		{100 * time.Millisecond, "[100 1 1]"}, // at least a second each
+		{time.Hour, "[3600000 1800 600]"},
+	} {
+		if got := fmt.Sprint(boundArgs(c.ttl)); got != c.want {
+			t.Errorf("boundArgs(%v) = %s, want %s", c.ttl, got, c.want)
+		}
 	}
 }
