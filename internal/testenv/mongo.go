@@ -1,14 +1,10 @@
 package testenv
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,47 +92,7 @@ var keepOpen = sync.OnceValue(func() *os.File {
 
 var keepOpenW *os.File
 
+// ferretdbBinary is pure Go: its SQLite needs no cgo.
 var ferretdbBinary = sync.OnceValues(func() (string, error) {
-	src, err := moduleDir("ferretdb")
-	if err != nil {
-		return "", err
-	}
-	files, _ := filepath.Glob(filepath.Join(src, "*.go"))
-	h := sha256.New()
-	fmt.Fprintln(h, runtime.GOOS, runtime.GOARCH)
-	for _, f := range append([]string{filepath.Join(src, "go.mod"), filepath.Join(src, "go.sum")}, files...) {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return "", fmt.Errorf("testenv: %w", err)
-		}
-		h.Write(b)
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	bin := filepath.Join(cache, "withlock-testenv", "ferretdb-"+hex.EncodeToString(h.Sum(nil))[:16])
-	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
-		return "", fmt.Errorf("testenv: %w", err)
-	}
-	unlock, err := lockFile(bin + ".lock") // test processes that run at once build it once
-	if err != nil {
-		return "", err
-	}
-	defer unlock()
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
-	if _, err := exec.LookPath("go"); err != nil {
-		return "", ErrNoMongo
-	}
-	// Pure Go (its SQLite needs no cgo), from the module's own go.mod and
-	// go.sum only.
-	build := exec.Command("go", "build", "-trimpath", "-tags", "ferretdb_no_postgresql", "-o", bin+".tmp", ".")
-	build.Dir = src
-	build.Env = append(os.Environ(), "GOFLAGS=-mod=readonly -buildvcs=false", "GOWORK=off", "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%w\ngo build in %s: %v\n%s", ErrNoMongo, src, err, out)
-	}
-	return bin, os.Rename(bin+".tmp", bin)
+	return cachedBuild("ferretdb", "github.com/withlock/withlock/internal/testenv/ferretdb", ErrNoMongo, "-tags", "ferretdb_no_postgresql")
 })

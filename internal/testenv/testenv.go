@@ -16,12 +16,15 @@
 package testenv
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"os/user"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -387,6 +390,54 @@ func moduleDir(name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("testenv: internal/testenv/%s not found above %s", name, wd)
+}
+
+// cachedBuild finds the program pkg of the module internal/testenv/module in
+// the user's cache, or builds it there (statically, with the module's go.mod
+// and go.sum alone) under a lock, so that test processes that run at once
+// build it once; flags go to go build. Its name has a hash of the module's
+// files: a change builds anew. Errors wrap errNo, which says what to do.
+func cachedBuild(module, pkg string, errNo error, flags ...string) (string, error) {
+	src, err := moduleDir(module)
+	if err != nil {
+		return "", err
+	}
+	files, _ := filepath.Glob(filepath.Join(src, "*.go"))
+	h := sha256.New()
+	fmt.Fprintln(h, runtime.GOOS, runtime.GOARCH)
+	for _, f := range append([]string{filepath.Join(src, "go.mod"), filepath.Join(src, "go.sum")}, files...) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", fmt.Errorf("testenv: %w", err)
+		}
+		h.Write(b)
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	bin := filepath.Join(cache, "withlock-testenv", path.Base(pkg)+"-"+hex.EncodeToString(h.Sum(nil))[:16])
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		return "", fmt.Errorf("testenv: %w", err)
+	}
+	unlock, err := lockFile(bin + ".lock")
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		return "", errNo
+	}
+	build := exec.Command("go", append(append([]string{"build", "-trimpath", "-ldflags=-s -w", "-o", bin + ".tmp"}, flags...), pkg)...)
+	build.Dir = src
+	build.Env = append(os.Environ(), "GOFLAGS=-mod=readonly -buildvcs=false", "GOWORK=off", "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%w\ngo build in %s: %v\n%s", errNo, src, err, out)
+	}
+	return bin, os.Rename(bin+".tmp", bin)
 }
 
 // lockFile takes an exclusive flock on name (created if missing), so that
