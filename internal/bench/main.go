@@ -41,6 +41,7 @@ var (
 	onlyWaiting  = flag.Bool("waiting", false, "measure only what waiters cost the server")
 	waitBackends = flag.String("backends", "file,postgres,redis,mongodb,etcd,mysql,k8s", "with -waiting: the backends measured, comma-separated")
 	onlyHandoff  = flag.Bool("handoff", false, "measure only the hand-off table")
+	onlyInit     = flag.Bool("init", false, "measure only package initialisation, by module")
 	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
 )
 
@@ -78,6 +79,9 @@ func run() error {
 	}
 	if *onlyWaiting {
 		return waitingFigures(work, wl, strings.Split(*waitBackends, ","))
+	}
+	if *onlyInit {
+		return initByModule(wl)
 	}
 
 	pg, err := testenv.StartPostgres()
@@ -205,6 +209,9 @@ func run() error {
 		fmt.Printf("withlock version ÷ static Go hello-world: %.2f×\n", ratio("withlock version", "static Go hello-world"))
 		fmt.Printf("withlock file ÷ flock: %.2f×\n", ratio("withlock file", "flock FILE true"))
 		fmt.Printf("withlock mysql ÷ mysql client floor: %.2f×\n\n", stats["withlock mysql"].median/stats["mysql client floor"].median)
+		if err := initByModule(wl); err != nil {
+			return err
+		}
 	}
 
 	// Hand-off: the holder's command exits -> the waiter's command starts.
