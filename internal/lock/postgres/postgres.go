@@ -73,6 +73,8 @@ type backend struct {
 	// cancelOnServer says how the open context-watcher of conn reacts to
 	// a context ending; see ctxHandler.
 	cancelOnServer atomic.Bool
+	// testHooks widen a semaphore waiter's races in tests; nil otherwise.
+	testHooks *semaphoreTestHooks
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {

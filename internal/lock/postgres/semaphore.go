@@ -158,6 +158,19 @@ func (b *backend) acquireSlot(ctx context.Context, name string) (lock.Lease, err
 			b.listening = sem.channel
 			continue
 		}
+		if b.testHooks != nil && b.testHooks.blocked != nil {
+			b.testHooks.blocked(&d)
+		}
+		if d.ended() {
+			// The detector's lock came free while the attempt ran. The
+			// attempt may have found the detector itself in the slot, in
+			// the moment between its grant and its unlock; nobody else
+			// would wake us for that slot. Try again before waiting.
+			if err := d.failed(); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if err := d.start(ctx, b, sem, in.what); err != nil {
 			return nil, err
 		}
@@ -198,6 +211,14 @@ func (b *backend) sleep(ctx context.Context, name string, d *detector) error {
 	return d.failed()
 }
 
+// semaphoreTestHooks let a test (semaphore_test.go) hold a waiter at the
+// points where its races are.
+type semaphoreTestHooks struct {
+	blocked   func(*detector) // after an attempt found its way blocked
+	slot      func(n int) int // picks the slot the detector waits for
+	detectSQL string          // the detector's statement for a slot
+}
+
 // detector is the second connection of a semaphore's waiter.
 type detector struct {
 	b      *backend
@@ -226,7 +247,11 @@ func (d *detector) start(ctx context.Context, b *backend, sem *semaphore, what w
 	if err != nil {
 		return err
 	}
-	args := []any{sem.slot(rand.N(sem.n))}
+	pick := rand.N[int]
+	if b.testHooks != nil && b.testHooks.slot != nil {
+		pick = b.testHooks.slot
+	}
+	args := []any{sem.slot(pick(sem.n))}
 	switch what {
 	case waitName:
 		args = []any{sem.k1, sem.k2}
@@ -238,29 +263,44 @@ func (d *detector) start(ctx context.Context, b *backend, sem *semaphore, what w
 	d.b.cancelOnServer.Store(true) // a stopped wait must leave the server's queue
 	go func(done chan struct{}) {
 		defer close(done)
-		if _, err := conn.Exec(wctx, detectSQL[what], args...); err != nil && wctx.Err() == nil {
+		sql := detectSQL[what]
+		if b.testHooks != nil && b.testHooks.detectSQL != "" {
+			sql = b.testHooks.detectSQL
+		}
+		if _, err := conn.Exec(wctx, sql, args...); err != nil && wctx.Err() == nil {
 			d.err = err
 		}
 	}(d.done)
 	return nil
 }
 
-// failed is the error that ended the detector's wait, sorted; nil if it
-// ended because its lock came free, or still runs.
-func (d *detector) failed() error {
+// ended says whether the detector's wait has ended (and failed has not
+// been asked since).
+func (d *detector) ended() bool {
 	if d.done == nil {
-		return nil
+		return false
 	}
 	select {
 	case <-d.done:
-		if d.err != nil {
-			err := d.b.failed(d.err)
-			d.end()
-			return err
-		}
+		return true
 	default:
+		return false
 	}
-	return nil
+}
+
+// failed is the error that ended the detector's wait, sorted; nil if it
+// ended because its lock came free, or still runs. A wait that ended is
+// done with: the next one starts afresh.
+func (d *detector) failed() error {
+	if !d.ended() {
+		return nil
+	}
+	var err error
+	if d.err != nil {
+		err = d.b.failed(d.err)
+	}
+	d.end()
+	return err
 }
 
 // end stops the running wait. A wait that was cut short drops its
