@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"slices"
 	"strings"
 	"syscall"
@@ -283,5 +284,30 @@ func TestLoggerThroughRedactor(t *testing.T) {
 		if strings.Contains(out.String(), "hunter2") {
 			t.Errorf("%s: %q shows the password", format, out.String())
 		}
+	}
+}
+
+// TestTimeoutCause: the cause of a wait that --timeout ended reads as time
+// running out however a driver hands it back. net/http returns the
+// context's cause, not its error, inside its own error; the backend must
+// still see a timeout there, so that a server that had not answered yet is
+// not reported as unreachable (exit 69) but as not acquired in time (75).
+func TestTimeoutCause(t *testing.T) {
+	cause := timeoutError{200 * time.Millisecond, "job"}
+	if got, want := cause.Error(), `timed out after 200ms waiting for "job"`; got != want {
+		t.Errorf("message %q, want %q", got, want)
+	}
+	if !errors.Is(cause, errTimedOut) || !errors.Is(cause, context.DeadlineExceeded) {
+		t.Errorf("%v: want errTimedOut and context.DeadlineExceeded", cause)
+	}
+	fromHTTP := &url.Error{Op: "Get", URL: "https://127.0.0.1:6443/apis/coordination.k8s.io/v1/namespaces/ns/leases/job", Err: cause}
+	if got := lock.Reason(fromHTTP); got != "timed out" {
+		t.Errorf("lock.Reason(%v) = %q, want %q", fromHTTP, got, "timed out")
+	}
+	ctx, cancel := context.WithTimeoutCause(context.Background(), time.Millisecond, cause)
+	defer cancel()
+	<-ctx.Done()
+	if !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		t.Errorf("context.Cause = %v, want a DeadlineExceeded", context.Cause(ctx))
 	}
 }

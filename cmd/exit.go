@@ -1,9 +1,12 @@
 package cmd
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"syscall"
+	"time"
 
 	"github.com/withlock/withlock/internal/exec"
 	"github.com/withlock/withlock/internal/lock"
@@ -24,6 +27,20 @@ var (
 	errUsage    = errors.New("usage")
 	errTimedOut = errors.New("timed out")
 )
+
+// timeoutError is the cause of a wait that --timeout ended. It is also a
+// context.DeadlineExceeded, as the context's own error is: drivers that
+// return the context's cause instead of its error (net/http does) must
+// still read as "time ran out", not as a server that failed to answer.
+type timeoutError struct {
+	timeout time.Duration
+	name    string
+}
+
+func (e timeoutError) Error() string {
+	return fmt.Sprintf("%s after %s waiting for %q", errTimedOut, e.timeout, e.name)
+}
+func (e timeoutError) Unwrap() []error { return []error{errTimedOut, context.DeadlineExceeded} }
 
 // signalError is the cause of a wait stopped by a signal.
 type signalError struct{ sig os.Signal }

@@ -275,7 +275,7 @@ func acquire(c *lock.Client, name string, timeout time.Duration, sigs <-chan os.
 	defer cancel(nil)
 	if timeout > 0 {
 		var stop context.CancelFunc
-		ctx, stop = context.WithTimeoutCause(ctx, timeout, fmt.Errorf("%w after %s waiting for %q", errTimedOut, timeout, name))
+		ctx, stop = context.WithTimeoutCause(ctx, timeout, timeoutError{timeout, name})
 		defer stop()
 	}
 	type result struct {
