@@ -65,7 +65,9 @@ func StartMariaDB(opts ...MariaDBOptions) (*MariaDB, error) {
 	}
 	m := &MariaDB{proc: proc}
 	proc.command = func() *exec.Cmd {
-		conf := fmt.Sprintf("[mariadbd]\ndatadir = %[1]s/data\nsocket = %[1]s/mysqld.sock\npid-file = %[1]s/mariadbd.pid\n"+
+		// tmpdir of its own: a starting server deletes every #sql file in
+		// its tmpdir, the temporary tables of any other server there too.
+		conf := fmt.Sprintf("[mariadbd]\ndatadir = %[1]s/data\ntmpdir = %[1]s\nsocket = %[1]s/mysqld.sock\npid-file = %[1]s/mariadbd.pid\n"+
 			"port = %[2]d\nbind-address = 127.0.0.1\nskip-name-resolve\nmax-connections = 500\ninnodb-flush-log-at-trx-commit = 0\n"+
 			"skip-log-bin\nlc-messages = en_US\n", m.Dir, m.Port)
 		for _, arg := range mariaInnoDB { // the template's sizes, so that the server can open its files
@@ -193,7 +195,7 @@ var mariaInstall = sync.OnceValues(func() (*mariaInstallation, error) {
 	if err := os.WriteFile(extra, []byte(mariaUsers), 0o644); err != nil {
 		return nil, fmt.Errorf("testenv: %w", err)
 	}
-	return &mariaInstallation{inst, mariadbd}, inst.run(installDB, append([]string{"--datadir=" + inst.template, "--extra-file=" + extra,
+	return &mariaInstallation{inst, mariadbd}, inst.run(installDB, append([]string{"--datadir=" + inst.template, "--tmpdir=" + filepath.Dir(inst.template), "--extra-file=" + extra,
 		"--no-defaults", "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve"}, mariaInnoDB...)...)
 })
 
