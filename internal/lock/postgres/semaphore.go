@@ -161,16 +161,6 @@ func (b *backend) acquireSlot(ctx context.Context, name string) (lock.Lease, err
 		if b.testHooks != nil && b.testHooks.blocked != nil {
 			b.testHooks.blocked(&d)
 		}
-		if d.ended() {
-			// The detector's lock came free while the attempt ran. The
-			// attempt may have found the detector itself in the slot, in
-			// the moment between its grant and its unlock; nobody else
-			// would wake us for that slot. Try again before waiting.
-			if err := d.failed(); err != nil {
-				return nil, err
-			}
-			continue
-		}
 		if err := d.start(ctx, b, sem, in.what); err != nil {
 			return nil, err
 		}
@@ -228,15 +218,15 @@ type detector struct {
 	cancel context.CancelFunc
 }
 
-// start has the detector wait for what, unless it already does.
+// start has the detector wait for what, unless it already does. A wait
+// for what that ended during the attempt is kept, not replaced: the
+// attempt may have found the detector itself in the slot, in the moment
+// between its grant and its unlock, and nobody else would wake us for that
+// slot; sleep returns at once on it, and the waiter tries again.
 func (d *detector) start(ctx context.Context, b *backend, sem *semaphore, what waitFor) error {
 	if d.done != nil {
-		select {
-		case <-d.done:
-		default:
-			if d.on == what {
-				return nil
-			}
+		if d.on == what {
+			return nil
 		}
 		d.end()
 	}
@@ -274,25 +264,16 @@ func (d *detector) start(ctx context.Context, b *backend, sem *semaphore, what w
 	return nil
 }
 
-// ended says whether the detector's wait has ended (and failed has not
-// been asked since).
-func (d *detector) ended() bool {
-	if d.done == nil {
-		return false
-	}
-	select {
-	case <-d.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // failed is the error that ended the detector's wait, sorted; nil if it
 // ended because its lock came free, or still runs. A wait that ended is
 // done with: the next one starts afresh.
 func (d *detector) failed() error {
-	if !d.ended() {
+	if d.done == nil {
+		return nil
+	}
+	select {
+	case <-d.done:
+	default:
 		return nil
 	}
 	var err error
