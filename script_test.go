@@ -696,16 +696,17 @@ func cmdStandby(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Setenv("STANDBYHOSTPORT", fmt.Sprintf("127.0.0.1:%d", s.Port))
 }
 
-// pgbouncer MODE POOL starts pgbouncer (Debian's) with pool_mode MODE and
-// default_pool_size POOL in front of $DB's PostgreSQL server, and sets
-// $BOUNCER to the URL of $DB's database through it, without sslmode.
+// pgbouncer MODE POOL [SETTING=VALUE...] starts pgbouncer (Debian's) with
+// pool_mode MODE and default_pool_size POOL, and the settings given, in
+// front of $DB's PostgreSQL server, and sets $BOUNCER to the URL of $DB's
+// database through it, without sslmode.
 func cmdPgbouncer(ts *testscript.TestScript, neg bool, args []string) {
-	if neg || len(args) != 2 || ts.Getenv("BACKEND") != "postgres" {
-		ts.Fatalf("usage: pgbouncer MODE POOL (PostgreSQL only)")
+	if neg || len(args) < 2 || ts.Getenv("BACKEND") != "postgres" {
+		ts.Fatalf("usage: pgbouncer MODE POOL [SETTING=VALUE...] (PostgreSQL only)")
 	}
 	pool, err := strconv.Atoi(args[1])
 	ts.Check(err)
-	b, err := testenv.StartPgBouncer(ts.Getenv("DB"), args[0], pool)
+	b, err := testenv.StartPgBouncer(ts.Getenv("DB"), args[0], pool, args[2:]...)
 	ts.Check(err)
 	ts.Defer(func() { b.Close() })
 	ts.Setenv("BOUNCER", b.URL)

@@ -246,9 +246,10 @@ type PgBouncer struct {
 
 // StartPgBouncer starts pgbouncer with pool_mode mode (session, transaction
 // or statement) and default_pool_size pool in front of the server of
-// serverURL, a URL of a [Postgres] (user PostgresUser). Any database name
+// serverURL, a URL of a [Postgres] (user PostgresUser), and settings, more
+// lines of its [pgbouncer] section (query_timeout=1, say). Any database name
 // reaches the server's database of that name.
-func StartPgBouncer(serverURL, mode string, pool int) (*PgBouncer, error) {
+func StartPgBouncer(serverURL, mode string, pool int, settings ...string) (*PgBouncer, error) {
 	bin := findProgram("pgbouncer", "/usr/sbin")
 	inst, err := pgInstall() // pgbouncer refuses root too: it runs as the servers do
 	if bin == "" || err != nil {
@@ -269,8 +270,8 @@ func StartPgBouncer(serverURL, mode string, pool int) (*PgBouncer, error) {
 	proc.command = func() *exec.Cmd {
 		ini := filepath.Join(b.Dir, "pgbouncer.ini")
 		os.WriteFile(ini, fmt.Appendf(nil, "[databases]\n* = host=%s port=%s\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = %d\n"+
-			"unix_socket_dir =\nauth_type = scram-sha-256\nauth_file = %s\npool_mode = %s\ndefault_pool_size = %d\nmax_client_conn = 500\n",
-			server.Hostname(), server.Port(), b.Port, users, b.mode, pool), 0o644)
+			"unix_socket_dir =\nauth_type = scram-sha-256\nauth_file = %s\npool_mode = %s\ndefault_pool_size = %d\nmax_client_conn = 500\n%s",
+			server.Hostname(), server.Port(), b.Port, users, b.mode, pool, strings.Join(append(settings, ""), "\n")), 0o644)
 		return exec.Command(bin, ini)
 	}
 	proc.ready = func() error {

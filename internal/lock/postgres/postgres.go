@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"os"
 	"slices"
@@ -73,6 +74,9 @@ type backend struct {
 	// cancelOnServer says how the open context-watcher of conn reacts to
 	// a context ending; see ctxHandler.
 	cancelOnServer atomic.Bool
+	// settingsBySQL says that the server refused sessionSettings in the
+	// startup message; see connectTo.
+	settingsBySQL bool
 	// testHooks widen a semaphore waiter's races in tests; nil otherwise.
 	testHooks *semaphoreTestHooks
 }
@@ -125,7 +129,7 @@ func (b *backend) sibling() *backend {
 	if h == nil {
 		h = b.hosts[0]
 	}
-	s := &backend{config: config, hosts: []*host{h}, addr: h.addr, opts: b.opts}
+	s := &backend{config: config, hosts: []*host{h}, addr: h.addr, opts: b.opts, settingsBySQL: b.settingsBySQL}
 	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &ctxHandler{conn: c, cancelOnServer: &s.cancelOnServer}
 	}
@@ -239,7 +243,7 @@ func (b *backend) connect(ctx context.Context, name string) (*pgx.Conn, error) {
 	for _, h := range b.hosts {
 		config.Host, config.Port = h.host, h.port
 		start := time.Now()
-		conn, err := pgx.ConnectConfig(ctx, config)
+		conn, err := b.connectTo(ctx, config)
 		if err == nil {
 			b.opts.Log.Debug("connected", "backend", "postgres", "addr", h.addr, "took", time.Since(start).Round(10*time.Microsecond))
 			b.conn, b.current, b.addr, b.token, b.listening = conn, h, h.addr, lock.NewToken(), ""
@@ -261,6 +265,60 @@ func (b *backend) connect(ctx context.Context, name string) (*pgx.Conn, error) {
 		addrs[i] += " (" + whys[i] + ")"
 	}
 	return nil, lock.Errorf(lock.ErrUnavailable, "cannot reach postgres at %s", strings.Join(addrs, ", "))
+}
+
+// sessionSettings make the session withlock's own: the server's and the
+// role's settings must not end what withlock does there, nor change what
+// its statements mean. They go in the startup message, where they override
+// the role's and the database's settings and cost no round trip.
+//
+//   - statement_timeout, lock_timeout and idle_in_transaction_session_timeout
+//     off: a role or database that carries them (ALTER ROLE app SET
+//     statement_timeout = '30s') would otherwise end a wait for the lock
+//     after that long, and cancel a holder's checks. withlock bounds its own
+//     waits (--timeout) and checks (the keep loop's deadlines), and sets
+//     idle_session_timeout itself once it holds the lock (boundSQL).
+//     transaction_timeout (PostgreSQL 17) cannot go here, since an older
+//     server refuses a setting it does not know: lockSQL turns it off.
+//   - search_path pinned to pg_catalog: with a path that names a schema
+//     before pg_catalog, a function of the same name there (a look-alike
+//     pg_advisory_lock that locks nothing) would replace the real one.
+//     Every statement also names pg_catalog itself; the pinned path covers
+//     the operators.
+var sessionSettings = map[string]string{
+	"statement_timeout":                   "0",
+	"lock_timeout":                        "0",
+	"idle_in_transaction_session_timeout": "0",
+	"search_path":                         "pg_catalog, pg_temp",
+}
+
+// connectTo opens a connection with config and sessionSettings. PgBouncer
+// refuses settings in the startup message that it does not track
+// ("unsupported startup parameter"); from then on this backend connects
+// without them and sets them in a first statement of their own, one round
+// trip more (a pooler costs a connection or more anyway; see take).
+func (b *backend) connectTo(ctx context.Context, config *pgx.ConnConfig) (*pgx.Conn, error) {
+	if !b.settingsBySQL {
+		withSettings := config.Copy()
+		maps.Copy(withSettings.RuntimeParams, sessionSettings)
+		conn, err := pgx.ConnectConfig(ctx, withSettings)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || !strings.HasPrefix(pgErr.Message, "unsupported startup parameter") {
+			return conn, err
+		}
+		b.opts.Log.Debug("the server takes no settings at start-up (a pooler?); setting them in a statement", "backend", "postgres", "why", pgErr.Message)
+		b.settingsBySQL = true
+	}
+	conn, err := pgx.ConnectConfig(ctx, config)
+	if err != nil {
+		return nil, err
+	}
+	sql := "set statement_timeout = 0; set lock_timeout = 0; set idle_in_transaction_session_timeout = 0; set search_path = pg_catalog, pg_temp"
+	if _, err := conn.PgConn().Exec(ctx, sql).ReadAll(); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return conn, nil
 }
 
 // printable replaces control characters, which the startup message cannot
@@ -314,6 +372,11 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 //     answered it (its pid from BackendKeyData). Poolers answer connections
 //     themselves, with a pid of their own; see take.
 //
+// It also turns transaction_timeout (PostgreSQL 17) off before it takes
+// the lock (see sessionSettings): set inside the transaction it would end,
+// the setting stops that transaction's timer too; a wait it still ended
+// would be waited again (waitCut).
+//
 // Otherwise it takes nothing and returns a null lock column. It marks the
 // session either way, so that a holder whose session another client used
 // learns of it at its next check. "offset 0" keeps each subquery from being
@@ -329,18 +392,20 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 // release of whatever a failed semaphore attempt took on its way, the
 // session's mark, and the server-side bound (boundSQL; %[2]s is the first
 // of its three parameters, boundArgs).
-const lockSQL = `select $5::text as withlock, x.pid, x.standby, x.shared, x.v, clock_timestamp(),
-	case when x.v < 0 then pg_advisory_unlock_all() end,
-	set_config('withlock.session', $3, false),
+const lockSQL = `select $5::pg_catalog.text as withlock, x.pid, x.standby, x.shared, x.v, pg_catalog.clock_timestamp(),
+	case when x.v < 0 then pg_catalog.pg_advisory_unlock_all() end,
+	pg_catalog.set_config('withlock.session', $3, false),
 	case when x.v >= 0 then ` + boundSQL + ` end
-from (select s.*, case when s.standby or s.shared is not null or s.pid <> all($4::int8[]) then null
+from (select s.*, case when s.standby or s.shared is not null or s.pid <> all($4::pg_catalog.int8[]) then null
 		else %[1]s end as v
-	from (select pg_backend_pid() as pid, pg_is_in_recovery() as standby,
-			case when coalesce(current_setting('withlock.session', true), '') not in ('', $3)
+	from (select pg_catalog.pg_backend_pid() as pid, pg_catalog.pg_is_in_recovery() as standby,
+			case when coalesce(pg_catalog.current_setting('withlock.session', true), '') not in ('', $3)
 				then 'another connection had used this server session'
-			when exists(select 1 from pg_lock_status() l where l.locktype = 'advisory' and l.pid = pg_backend_pid())
+			when exists(select 1 from pg_catalog.pg_lock_status() l where l.locktype = 'advisory' and l.pid = pg_catalog.pg_backend_pid())
 				then 'this server session already held advisory locks'
-			end as shared
+			end as shared,
+			case when pg_catalog.current_setting('transaction_timeout', true) is not null
+				then pg_catalog.set_config('transaction_timeout', '0', false) end
 		offset 0) s
 	offset 0) x`
 
@@ -392,13 +457,13 @@ var lockSQLs = sync.OnceValue(func() map[lock.Mode][2]string {
 // the first statement of a new server process every function, operator and
 // cast costs a catalog lookup, and the arithmetic took a millisecond there
 // (pg_lock_status() instead of the pg_locks view above saves another).
-const boundSQL = `(select case when current_setting('idle_session_timeout', true) is not null
-			then set_config('idle_session_timeout', %[2]s, false) end
-		from (select case when current_setting('tcp_user_timeout', true) is not null
-				then set_config('tcp_user_timeout', %[2]s, false) end,
-			set_config('tcp_keepalives_idle', %[3]s, false),
-			set_config('tcp_keepalives_interval', %[4]s, false),
-			set_config('tcp_keepalives_count', '3', false)
+const boundSQL = `(select case when pg_catalog.current_setting('idle_session_timeout', true) is not null
+			then pg_catalog.set_config('idle_session_timeout', %[2]s, false) end
+		from (select case when pg_catalog.current_setting('tcp_user_timeout', true) is not null
+				then pg_catalog.set_config('tcp_user_timeout', %[2]s, false) end,
+			pg_catalog.set_config('tcp_keepalives_idle', %[3]s, false),
+			pg_catalog.set_config('tcp_keepalives_interval', %[4]s, false),
+			pg_catalog.set_config('tcp_keepalives_count', '3', false)
 			offset 0) k)`
 
 // boundArgs are boundSQL's values for a ttl, as text: the ttl in
@@ -471,6 +536,13 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 			// session is the one sure way to leave nothing behind.
 			b.drop()
 			return nil, fmt.Errorf("postgres: wait for %q: %w", name, context.Cause(ctx))
+		case err != nil && wait && waitCut(err):
+			b.drop()
+			return nil, b.cutWait(err)
+		case err != nil && isCancel(err):
+			_, why := sortError(err)
+			b.drop()
+			return nil, b.errorAt(b.addr, errCancelled, why)
 		case err != nil:
 			return nil, b.failed(err)
 		case standby:
@@ -563,8 +635,11 @@ func sortError(err error) (kind error, why string) {
 	var tlsErr *tlsError
 	switch {
 	case errors.As(err, &pgErr):
-		if pgErr.Code == "53300" {
+		switch pgErr.Code {
+		case "53300":
 			return errFull, fmt.Sprintf("%s, SQLSTATE 53300", pgErr.Message)
+		case "57014", "55P03": // query_canceled, lock_not_available
+			return errCancelled, fmt.Sprintf("%s, SQLSTATE %s", pgErr.Message, pgErr.Code)
 		}
 		if strings.HasPrefix(pgErr.Code, "08") || // connection exception
 			strings.HasPrefix(pgErr.Code, "57P") || // shutting down, starting up, terminated
@@ -588,12 +663,51 @@ func sortError(err error) (kind error, why string) {
 	return lock.ErrUnavailable, lock.Reason(err)
 }
 
+// waitCut says whether err ended a wait in the server's queue without a
+// refusal: the server or a pooler cancelled the statement (errCancelled),
+// or ended the session (a pooler's query_timeout, pg_terminate_backend, a
+// restart). The server was reached for that wait, so the wait is not an
+// outage: the waiter waits again, and only if it cannot reconnect is it one
+// (an outage, bounded by --connect-timeout).
+func waitCut(err error) bool {
+	kind, _ := sortError(err)
+	return kind == errCancelled || kind == lock.ErrUnavailable
+}
+
+// cutWait is the error of a wait that waitCut says was cut, its connection
+// dropped: ErrHeld, as far as the waiter knows, so that Client.Acquire
+// waits again (at once after a long wait; one that keeps being cut at once
+// is paced as a poll).
+func (b *backend) cutWait(err error) error {
+	_, why := sortError(err)
+	b.opts.Log.Debug("the server cut the wait; waiting again", "backend", "postgres", "addr", b.addr, "why", why)
+	return lock.ErrHeld
+}
+
+// isCancel says whether err is a statement the server cancelled; see
+// errCancelled.
+func isCancel(err error) bool {
+	kind, _ := sortError(err)
+	return kind == errCancelled
+}
+
 // errFull is sortError's kind for a server that answered but has no
 // connection to spare (SQLSTATE 53300: max_connections, or a role's or
 // database's connection limit, reached). It is an outage, retried like one
 // (errorAt makes it ErrUnavailable), but "cannot reach" would send the
 // user to look at the network.
 var errFull = errors.New("no connection to spare")
+
+// errCancelled is sortError's kind for a statement that the server
+// cancelled while the session lives on: an administrator's
+// pg_cancel_backend, a tool that cancels long statements, a timeout that
+// setUp could not turn off. It is no refusal: nothing was refused, the
+// statement was only cut. A wait for the lock that was cut waits again
+// (waitCut); any other statement is an outage, retried like one. The
+// session may hold a lock that the statement took before the cut (a
+// session lock outlives its statement), so the connection is dropped,
+// except under a check, which takes nothing.
+var errCancelled = errors.New("statement cancelled")
 
 // errorAt is the message of an error sorted by sortError, for the server
 // at addr.
@@ -603,6 +717,8 @@ func (b *backend) errorAt(addr string, kind error, why string) error {
 		return lock.Errorf(kind, "postgres at %s refused: %s", addr, why)
 	case errFull:
 		return lock.Errorf(lock.ErrUnavailable, "postgres at %s has no connection to spare (%s: max_connections or a connection limit reached)", addr, why)
+	case errCancelled:
+		return lock.Errorf(lock.ErrUnavailable, "postgres at %s cancelled our statement (%s)", addr, why)
 	}
 	return lock.Unreachable("postgres at "+addr, why)
 }
@@ -624,11 +740,11 @@ type lease struct {
 // the session still holds the lock. Its first value is the holder's record
 // again ($3), so that pg_stat_activity keeps showing it. %s is more for a
 // semaphore: keepSlotSQL.
-const keepSQL = `select $3::text as withlock, pg_backend_pid(), pg_is_in_recovery(),
-	coalesce(current_setting('withlock.session', true), ''),
-	exists(select 1 from pg_locks
-		where locktype = 'advisory' and pid = pg_backend_pid() and granted
-		and classid::int8 = $1 and objid::int8 = $2 and objsubid = 2)%s`
+const keepSQL = `select $3::pg_catalog.text as withlock, pg_catalog.pg_backend_pid(), pg_catalog.pg_is_in_recovery(),
+	coalesce(pg_catalog.current_setting('withlock.session', true), ''),
+	exists(select 1 from pg_catalog.pg_locks
+		where locktype = 'advisory' and pid = pg_catalog.pg_backend_pid() and granted
+		and classid::pg_catalog.int8 = $1 and objid::pg_catalog.int8 = $2 and objsubid = 2)%s`
 
 // keepSlotSQL checks that a semaphore's holder still holds its slot ($4,
 // $5: its pg_locks classid and objid), and wakes the semaphore's waiters
@@ -637,16 +753,16 @@ const keepSQL = `select $3::text as withlock, pg_backend_pid(), pg_is_in_recover
 // session ended without a release frees its slot without a NOTIFY. $6 is
 // the upper objid of the slots, $7 N.
 const keepSlotSQL = `
-	and exists(select 1 from pg_locks
-		where locktype = 'advisory' and pid = pg_backend_pid() and granted
-		and classid::int8 = $4 and objid::int8 = $5 and objsubid = 1),
-	case when (select count(*) from pg_locks
+	and exists(select 1 from pg_catalog.pg_locks
+		where locktype = 'advisory' and pid = pg_catalog.pg_backend_pid() and granted
+		and classid::pg_catalog.int8 = $4 and objid::pg_catalog.int8 = $5 and objsubid = 1),
+	case when (select pg_catalog.count(*) from pg_catalog.pg_locks
 			where locktype = 'advisory' and objsubid = 1 and granted and ` + thisDB + `
-			and classid::int8 = $4 and objid::int8 >> 16 = $6) < $7
-		and exists(select 1 from pg_locks
+			and classid::pg_catalog.int8 = $4 and objid::pg_catalog.int8 >> 16 = $6) < $7
+		and exists(select 1 from pg_catalog.pg_locks
 			where locktype = 'advisory' and objsubid = 1 and not granted and ` + thisDB + `
-			and classid::int8 = $4 and objid::int8 >> 16 = $6)
-		then pg_notify($8, '') end`
+			and classid::pg_catalog.int8 = $4 and objid::pg_catalog.int8 >> 16 = $6)
+		then pg_catalog.pg_notify($8, '') end`
 
 var (
 	keepOneSQL = sync.OnceValue(func() string { return fmt.Sprintf(keepSQL, "") })
@@ -737,10 +853,10 @@ func (l *lease) sessionEnded(err error) error {
 // session. A semaphore's holder lets go of its three locks and wakes the
 // waiters (its channel is $3).
 var releaseSQLs = map[lock.Mode]string{
-	lock.Exclusive: `select case when pg_backend_pid() = $3 then pg_advisory_unlock($1::int4, $2::int4) end`,
-	lock.Shared:    `select case when pg_backend_pid() = $3 then pg_advisory_unlock_shared($1::int4, $2::int4) end`,
-	lock.Semaphore: `select x.was, case when x.was is not null then pg_advisory_unlock_all() end, pg_notify($3, '')
-		from (select case when pg_backend_pid() = $2 then pg_advisory_unlock($1::int8) end as was offset 0) x`,
+	lock.Exclusive: `select case when pg_catalog.pg_backend_pid() = $3 then pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, $2::pg_catalog.int4) end`,
+	lock.Shared:    `select case when pg_catalog.pg_backend_pid() = $3 then pg_catalog.pg_advisory_unlock_shared($1::pg_catalog.int4, $2::pg_catalog.int4) end`,
+	lock.Semaphore: `select x.was, case when x.was is not null then pg_catalog.pg_advisory_unlock_all() end, pg_catalog.pg_notify($3, '')
+		from (select case when pg_catalog.pg_backend_pid() = $2 then pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) end as was offset 0) x`,
 }
 
 // Release unlocks, in the server process that holds the lock only.
@@ -753,6 +869,11 @@ func (l *lease) Release(ctx context.Context) error {
 		err = l.conn.QueryRow(ctx, releaseSQLs[l.mode], l.k1, l.k2, l.pid).Scan(&was)
 	}
 	switch {
+	case err != nil && isCancel(err):
+		// Ending the session ends the lock just as surely.
+		l.b.opts.Log.Debug("the server cancelled the release; ending the session instead", "backend", "postgres", "addr", l.b.addr)
+		l.b.drop()
+		return nil
 	case err != nil:
 		return l.b.failed(err)
 	case was == nil:

@@ -78,7 +78,7 @@ func (s *semaphore) mark() int64      { return s.markBase | int64(s.n) }
 
 // thisDB limits pg_locks to the locks of the session's database: advisory
 // locks of the same keys in two databases are two locks.
-const thisDB = `database = (select oid from pg_database where datname = current_database())`
+const thisDB = `database = (select oid from pg_catalog.pg_database where datname = pg_catalog.current_database())`
 
 // semTrySQL takes a slot in one round trip (it is lockSQL's %s; the
 // parameters after lockSQL's are: N, the mark key, its classid and upper
@@ -88,13 +88,13 @@ const thisDB = `database = (select oid from pg_database where datname = current_
 // queued; -2 when every slot is taken; -3 when the mark is held
 // exclusively (by some other tool); -4-N when holders with another N hold
 // it. Whatever it took is let go on failure, by lockSQL.
-const semTrySQL = `case when not pg_try_advisory_lock_shared($1::int4, $2::int4) then -1
-		when not pg_try_advisory_lock_shared($7::int8) then -3
+const semTrySQL = `case when not pg_catalog.pg_try_advisory_lock_shared($1::pg_catalog.int4, $2::pg_catalog.int4) then -1
+		when not pg_catalog.pg_try_advisory_lock_shared($7::pg_catalog.int8) then -3
 		else coalesce(
-			(select -4 - (objid::int8 & 65535) from pg_locks
+			(select -4 - (objid::pg_catalog.int8 & 65535) from pg_catalog.pg_locks
 				where locktype = 'advisory' and objsubid = 1 and granted and ` + thisDB + `
-				and classid::int8 = $8 and objid::int8 >> 16 = $9 and objid::int8 & 65535 <> $6 limit 1),
-			(select i from generate_series(0, $6::int4 - 1) i where pg_try_advisory_lock($10::int8 + i) limit 1),
+				and classid::pg_catalog.int8 = $8 and objid::pg_catalog.int8 >> 16 = $9 and objid::pg_catalog.int8 & 65535 <> $6 limit 1),
+			(select i from pg_catalog.generate_series(0, $6::pg_catalog.int4 - 1) i where pg_catalog.pg_try_advisory_lock($10::pg_catalog.int8 + i) limit 1),
 			-2)
 		end`
 
@@ -119,9 +119,9 @@ const (
 // the lock can be had, then let it go at once, in the same statement. $1
 // is the key (the bigint ones), or $1, $2 (NAME's).
 var detectSQL = map[waitFor]string{
-	waitName: `select pg_advisory_unlock_shared($1::int4, $2::int4) from (select pg_advisory_lock_shared($1::int4, $2::int4) offset 0) w`,
-	waitMark: `select pg_advisory_unlock_shared($1::int8) from (select pg_advisory_lock_shared($1::int8) offset 0) w`,
-	waitSlot: `select pg_advisory_unlock($1::int8) from (select pg_advisory_lock($1::int8) offset 0) w`,
+	waitName: `select pg_catalog.pg_advisory_unlock_shared($1::pg_catalog.int4, $2::pg_catalog.int4) from (select pg_catalog.pg_advisory_lock_shared($1::pg_catalog.int4, $2::pg_catalog.int4) offset 0) w`,
+	waitMark: `select pg_catalog.pg_advisory_unlock_shared($1::pg_catalog.int8) from (select pg_catalog.pg_advisory_lock_shared($1::pg_catalog.int8) offset 0) w`,
+	waitSlot: `select pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) from (select pg_catalog.pg_advisory_lock($1::pg_catalog.int8) offset 0) w`,
 }
 
 // acquireSlot waits for a slot of a semaphore.
@@ -277,7 +277,13 @@ func (d *detector) failed() error {
 		return nil
 	}
 	var err error
-	if d.err != nil {
+	switch {
+	case d.err != nil && waitCut(d.err):
+		// The statement may have been cut between its lock and its unlock,
+		// so its session goes too.
+		d.b.drop()
+		err = d.b.cutWait(d.err)
+	case d.err != nil:
 		err = d.b.failed(d.err)
 	}
 	d.end()

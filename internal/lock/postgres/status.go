@@ -26,24 +26,24 @@ import (
 // nameLocks selects NAME's locks in pg_locks l: its two keys ($2, $3, as
 // pg_locks shows them, unsigned), its slots (classid $4, upper objid $5)
 // and its marks of N ($6, $7); see semaphore.go.
-const nameLocks = `((l.objsubid = 2 and l.classid::int8 = $2 and l.objid::int8 = $3)
-	or (l.objsubid = 1 and l.classid::int8 = $4 and l.objid::int8 >> 16 = $5)
-	or (l.objsubid = 1 and l.classid::int8 = $6 and l.objid::int8 >> 16 = $7))`
+const nameLocks = `((l.objsubid = 2 and l.classid::pg_catalog.int8 = $2 and l.objid::pg_catalog.int8 = $3)
+	or (l.objsubid = 1 and l.classid::pg_catalog.int8 = $4 and l.objid::pg_catalog.int8 >> 16 = $5)
+	or (l.objsubid = 1 and l.classid::pg_catalog.int8 = $6 and l.objid::pg_catalog.int8 >> 16 = $7))`
 
 // sessionColumns are what pg_stat_activity a shows of a session.
-const sessionColumns = `a.usename, a.application_name, host(a.client_addr), a.client_hostname, a.client_port,
-	a.backend_start, a.state, a.state_change, a.query, statement_timestamp()`
+const sessionColumns = `a.usename, a.application_name, pg_catalog.host(a.client_addr), a.client_hostname, a.client_port,
+	a.backend_start, a.state, a.state_change, a.query, pg_catalog.statement_timestamp()`
 
 // statusSQL lists the advisory locks granted in this database (to
 // sessions other than the asking one), each with its holder's session:
 // all of them ($1), or NAME's. Its first column says whether the server
 // is a hot standby, where pg_locks knows nothing of the primary's locks;
 // the other columns are null when nothing is held.
-const statusSQL = `select r.standby, x.* from (select pg_is_in_recovery() as standby) r
-left join (select l.pid, l.objsubid::int4, l.classid::int8, l.objid::int8, l.mode = 'ExclusiveLock',
+const statusSQL = `select r.standby, x.* from (select pg_catalog.pg_is_in_recovery() as standby) r
+left join (select l.pid, l.objsubid::pg_catalog.int4, l.classid::pg_catalog.int8, l.objid::pg_catalog.int8, l.mode = 'ExclusiveLock',
 		` + sessionColumns + `
-	from pg_locks l left join pg_stat_activity a on a.pid = l.pid
-	where l.locktype = 'advisory' and l.granted and l.` + thisDB + ` and l.pid <> pg_backend_pid()
+	from pg_catalog.pg_locks l left join pg_catalog.pg_stat_activity a on a.pid = l.pid
+	where l.locktype = 'advisory' and l.granted and l.` + thisDB + ` and l.pid <> pg_catalog.pg_backend_pid()
 		and ($1 or ` + nameLocks + `)) x on not r.standby`
 
 // breakSQL ends the session of every holder of NAME (found in pg_locks as
@@ -52,14 +52,14 @@ left join (select l.pid, l.objsubid::int4, l.classid::int8, l.objid::int8, l.mod
 // later), or without (it then only sends the signal). A session that is no
 // longer a server process, or no longer holds NAME, is gone too. Its first
 // column says whether the server is a standby, where it ends nothing.
-const breakSQL = `select r.standby, x.* from (select pg_is_in_recovery() as standby) r
+const breakSQL = `select r.standby, x.* from (select pg_catalog.pg_is_in_recovery() as standby) r
 left join lateral (select h.pid, ` + sessionColumns + `,
 		case when %s then true
-		else not exists(select 1 from pg_locks l where l.pid = h.pid and l.locktype = 'advisory' and l.granted and ` + nameLocks + `)
+		else not exists(select 1 from pg_catalog.pg_locks l where l.pid = h.pid and l.locktype = 'advisory' and l.granted and ` + nameLocks + `)
 		end
-	from (select distinct l.pid from pg_locks l
-		where l.locktype = 'advisory' and l.granted and l.` + thisDB + ` and l.pid <> pg_backend_pid() and ` + nameLocks + `) h
-	left join pg_stat_activity a on a.pid = h.pid
+	from (select distinct l.pid from pg_catalog.pg_locks l
+		where l.locktype = 'advisory' and l.granted and l.` + thisDB + ` and l.pid <> pg_catalog.pg_backend_pid() and ` + nameLocks + `) h
+	left join pg_catalog.pg_stat_activity a on a.pid = h.pid
 	where not r.standby) x on true`
 
 var (
@@ -442,7 +442,7 @@ func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error)
 			b.addr, strings.Join(left, ", "), name, wait.Round(time.Millisecond))
 	case len(broken) > 0:
 		// Wake a semaphore's waiters: the slots are free.
-		if _, err := conn.Exec(ctx, "select pg_notify($1, '')", sem.channel); err != nil {
+		if _, err := conn.Exec(ctx, "select pg_catalog.pg_notify($1, '')", sem.channel); err != nil {
 			b.opts.Log.Warn("could not tell the waiters of "+strconv.Quote(name)+" that it is free", "err", err)
 		}
 	}
