@@ -34,7 +34,10 @@ var ErrNoMariaDB = errors.New("testenv: mariadbd and mariadb-install-db not foun
 // MariaDB is a running throwaway mariadbd on 127.0.0.1 whose data directory
 // is Dir/data. Its URL connects as MariaDBUser with its password:
 // mysql://withlock:secret@127.0.0.1:PORT/withlock
-type MariaDB struct{ *proc }
+type MariaDB struct {
+	*proc
+	galeraPort int // a Galera node's group port; 0 for a plain server
+}
 
 // MariaDBOptions say how [StartMariaDB] starts a server. The zero value
 // turns performance_schema on, with the metadata-lock instrument that MySQL 8
@@ -47,6 +50,11 @@ type MariaDBOptions struct {
 	// TLS gives the server a certificate for 127.0.0.1 signed by a test CA
 	// (CertFile), so that clients may use TLS; they need not.
 	TLS bool
+	// Conf is added to the server's my.cnf, in its [mariadbd] section: one
+	// option a line (a replica's server-id, Galera's wsrep options).
+	Conf string
+	// Args are added to the server's command line (--wsrep-new-cluster).
+	Args []string
 }
 
 // StartMariaDB starts a new server on a free port. Servers are copies of a
@@ -81,12 +89,16 @@ func StartMariaDB(opts ...MariaDBOptions) (*MariaDB, error) {
 		} else {
 			conf += "performance-schema = ON\nperformance-schema-instrument = 'wait/lock/metadata/sql/mdl=ON'\n"
 		}
+		conf += o.Conf
+		if o.Conf != "" && !strings.HasSuffix(o.Conf, "\n") {
+			conf += "\n"
+		}
 		name := filepath.Join(m.Dir, "my.cnf")
 		os.WriteFile(name, []byte(conf), 0o644)
 		m.URL = m.urlFor(MariaDBUser)
 		// --defaults-file must come first; it is the only file read. Its
 		// messages go to stderr, where start looks for "already in use".
-		return exec.Command(inst.mariadbd, "--defaults-file="+name)
+		return exec.Command(inst.mariadbd, append([]string{"--defaults-file=" + name}, o.Args...)...)
 	}
 	proc.ready = func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

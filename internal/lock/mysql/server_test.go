@@ -1,0 +1,199 @@
+package mysql_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/withlock/withlock/internal/lock"
+	"github.com/withlock/withlock/internal/lock/locktest"
+	"github.com/withlock/withlock/internal/lock/mysql"
+	"github.com/withlock/withlock/internal/testenv"
+)
+
+// logBuffer collects what a client logs.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
+
+// detect is mysql.Detect on a connection of its own.
+func detect(t *testing.T, dbURL string) mysql.Server {
+	t.Helper()
+	db, err := testenv.MySQLDB(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	c, err := db.Conn(locktest.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := mysql.Detect(locktest.Context(t), c)
+	if err != nil {
+		t.Fatalf("Detect: %v", err)
+	}
+	return s
+}
+
+// waitFree waits until name is free on the server: a refused attempt
+// closes its session, which the server then ends, and its locks with it.
+func waitFree(t *testing.T, dbURL, name string) {
+	t.Helper()
+	waitFor(t, dbURL, fmt.Sprintf("SELECT IS_FREE_LOCK('%s')", mysql.Key(name)))
+}
+
+// waitFor polls sql until it answers "1", for at most 30s.
+func waitFor(t *testing.T, dbURL, sql string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); query(t, dbURL, sql) != "1"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not answer 1 within 30s", sql)
+		}
+	}
+}
+
+// TestReadOnlyAfterGrant: a waiter granted the lock after the server became
+// read-only (its holder let go as the failover demoted the server) is
+// refused, ErrRefused, before it can use the lock, and leaves it free.
+func TestReadOnlyAfterGrant(t *testing.T) {
+	m := testenv.RequireMariaDB(t)
+	holder := locktest.Open(t, m.URL, lock.Options{})
+	l, err := holder.TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := locktest.Open(t, m.UnprivilegedURL(), lock.Options{})
+	done := make(chan error, 1)
+	go func() {
+		h, err := waiter.Acquire(locktest.Context(t), "job")
+		if err == nil {
+			h.Release(context.Background())
+		}
+		done <- err
+	}()
+	waitFor(t, m.URL, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'")
+	query(t, m.URL, "SET GLOBAL read_only = ON")
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), "is read-only") {
+		t.Errorf("a waiter granted on a server that became read-only: %v; want ErrRefused saying read-only", err)
+	}
+	waitFree(t, m.URL, "job")
+	if s := detect(t, m.UnprivilegedURL()); !s.ReadOnly || s.Galera || s.Replicating {
+		t.Errorf("Detect on a read-only server: %+v; want ReadOnly only", s)
+	}
+}
+
+// TestReplicaNotReadOnly: a server that replicates from another (a replica
+// nobody made read-only) takes the lock, since master-master pairs
+// replicate both ways, but the holder is warned, once, naming the server.
+func TestReplicaNotReadOnly(t *testing.T) {
+	primary := testenv.RequireMariaDB(t, testenv.MariaDBOptions{Conf: "log-bin = primary-bin\nserver-id = 1"})
+	replica := testenv.RequireMariaDB(t, testenv.MariaDBOptions{Conf: "server-id = 2"})
+	query(t, replica.URL, fmt.Sprintf("CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = %d, MASTER_USER = '%s', MASTER_PASSWORD = '%s'; START SLAVE",
+		primary.Port, testenv.MariaDBUser, testenv.MariaDBPassword))
+	if err := replica.WaitStatus("Slave_running", "ON"); err != nil {
+		t.Fatal(err)
+	}
+	if s := detect(t, replica.UnprivilegedURL()); !s.Replicating || s.ReadOnly || s.Galera {
+		t.Errorf("Detect on a replica: %+v; want Replicating only", s)
+	}
+	var log logBuffer
+	c := locktest.Open(t, replica.UnprivilegedURL(), lock.Options{Log: log.logger()})
+	for range 2 {
+		h, err := c.Acquire(locktest.Context(t), "job")
+		if err != nil {
+			t.Fatalf("Acquire on a replica that is not read-only: %v", err)
+		}
+		h.Release(locktest.Context(t))
+	}
+	want := fmt.Sprintf("mysql at 127.0.0.1:%d replicates from another server", replica.Port)
+	if got := log.String(); strings.Count(got, want) != 1 || !strings.Contains(got, "level=WARN") {
+		t.Errorf("the holder's log:\n%s\nwant one warning saying %q", got, want)
+	}
+	if s := detect(t, primary.UnprivilegedURL()); s.Refusal("primary") != nil || s.Warning("primary") != "" {
+		t.Errorf("Detect on the primary: %+v; want nothing to refuse or warn of", s)
+	}
+}
+
+// TestGalera: GET_LOCK holds on one Galera node only. A node alone in its
+// cluster is a plain server: it grants locks. Once a second node joins,
+// the holder loses the lock at its next check, and every attempt on
+// either node is refused, leaving the lock free there; status there warns.
+// A node that leaves the Primary component (its peer stopped answering)
+// is refused too.
+func TestGalera(t *testing.T) {
+	node1 := testenv.RequireGaleraNode(t, nil)
+	if s := detect(t, node1.UnprivilegedURL()); !s.Galera || s.ClusterSize != 1 || s.ClusterStatus != "Primary" || !s.Ready {
+		t.Errorf("Detect on a single Galera node: %+v", s)
+	}
+	holder := locktest.Open(t, node1.UnprivilegedURL(), lock.Options{})
+	l, err := holder.TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatalf("TryAcquire on a single-node Galera cluster: %v", err)
+	}
+	if err := l.Keep(locktest.Context(t)); err != nil {
+		t.Fatalf("Keep on a single-node Galera cluster: %v", err)
+	}
+
+	node2 := testenv.RequireGaleraNode(t, node1)
+	if err := node1.WaitStatus("wsrep_cluster_size", "2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Keep(locktest.Context(t)); !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "Galera cluster of 2 nodes") {
+		t.Errorf("Keep once a second node joined: %v; want ErrLost naming the cluster", err)
+	}
+	l.Release(locktest.Context(t))
+	for _, node := range []*testenv.MariaDB{node1, node2} {
+		c := locktest.Open(t, node.UnprivilegedURL(), lock.Options{})
+		_, err := c.Acquire(locktest.Context(t), "job")
+		if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), "Galera cluster of 2 nodes") || !strings.Contains(err.Error(), "another backend") {
+			t.Errorf("Acquire on node %d of 2: %v; want ErrRefused naming the cluster and the way out", node.Port, err)
+		}
+		waitFree(t, node.URL, "job")
+	}
+	var log logBuffer
+	c := locktest.Open(t, node2.UnprivilegedURL(), lock.Options{Log: log.logger()})
+	if st, err := c.Inspect(locktest.Context(t), "job"); err != nil || len(st.Holders) != 0 {
+		t.Errorf("Inspect: %+v, %v; want free", st, err)
+	}
+	if got := log.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "Galera cluster of 2 nodes") || !strings.Contains(got, "refuses") {
+		t.Errorf("status on a Galera node logged:\n%s\nwant a warning that a lock would be refused", got)
+	}
+
+	if err := node2.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if err := node1.WaitStatus("wsrep_cluster_status", "non-Primary"); err != nil {
+		t.Fatal(err)
+	}
+	c = locktest.Open(t, node1.UnprivilegedURL(), lock.Options{})
+	if _, err := c.TryAcquire(locktest.Context(t), "job"); !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), "Primary component") {
+		t.Errorf("TryAcquire on a node out of the Primary component: %v; want ErrRefused saying so", err)
+	}
+	waitFree(t, node1.URL, "job")
+}
