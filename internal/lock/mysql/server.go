@@ -95,33 +95,38 @@ func readServer(rows *sql.Rows, first bool) (Server, error) {
 }
 
 // trap says why a lock on s would exclude nobody, and what to do, or
-// ("", "") when it would exclude everyone. A Galera node alone in its
-// cluster, in the Primary component and ready, is a plain server: its
-// clients are all the lock's users there are.
-func (s Server) trap() (what, fix string) {
+// ("", "") when it would exclude everyone; kind is ErrRefused for what
+// lasts, ErrUnavailable for a Galera node that is starting, or split off,
+// and may come back (it is then refused if its cluster has other nodes). A
+// Galera node alone in its cluster, in the Primary component and ready, is
+// a plain server: its clients are all the lock's users there are.
+func (s Server) trap() (kind error, what, fix string) {
 	switch {
 	case s.ReadOnly:
-		return "is read-only (read_only, super_read_only or innodb_read_only is on: a replica?), where a lock excludes nobody on the primary",
+		return lock.ErrRefused, "is read-only (read_only, super_read_only or innodb_read_only is on: a replica?), where a lock excludes nobody on the primary",
 			"point withlock at the primary"
 	case s.Galera && s.ClusterSize > 1:
-		return fmt.Sprintf("is a node of a Galera cluster of %d nodes, where GET_LOCK holds on one node only and excludes nobody on the others", s.ClusterSize),
+		return lock.ErrRefused, fmt.Sprintf("is a node of a Galera cluster of %d nodes, where GET_LOCK holds on one node only and excludes nobody on the others", s.ClusterSize),
 			"point withlock at a MySQL or MariaDB server outside the cluster, or use another backend"
 	case s.Galera && (s.ClusterStatus != "Primary" || !s.Ready):
-		return fmt.Sprintf("is a Galera node out of its cluster's Primary component (wsrep_cluster_status %s, wsrep_ready %s), where other nodes may grant the same lock",
+		return lock.ErrUnavailable, fmt.Sprintf("is a Galera node out of its cluster's Primary component (wsrep_cluster_status %s, wsrep_ready %s), where other nodes may grant the same lock",
 				orNone(s.ClusterStatus), onOff(s.Ready)),
 			"point withlock at a MySQL or MariaDB server outside the cluster, or use another backend"
 	}
-	return "", ""
+	return nil, "", ""
 }
 
-// Refusal is the error of a lock attempt on s (ErrRefused, exit 69), with
-// why and what to do, or nil when a lock at addr would exclude everyone.
+// Refusal is the error of a lock attempt on s, with why and what to do, or
+// nil when a lock at addr would exclude everyone: ErrRefused (exit 69 at
+// once) for a read-only server or a Galera cluster of more than one node;
+// ErrUnavailable (retried for --connect-timeout, then 69) for a Galera
+// node out of the Primary component or not ready.
 func (s Server) Refusal(addr string) error {
-	what, fix := s.trap()
+	kind, what, fix := s.trap()
 	if what == "" {
 		return nil
 	}
-	return lock.Errorf(lock.ErrRefused, "mysql at %s %s; %s", addr, what, fix)
+	return lock.Errorf(kind, "mysql at %s %s; %s", addr, what, fix)
 }
 
 // Warning is what a holder on s is told on stderr, or "": a server that

@@ -18,24 +18,26 @@ func TestServerTraps(t *testing.T) {
 	for _, tc := range []struct {
 		s    Server
 		want string // in the refusal and the loss; "" for neither
+		kind error  // the refusal's
 	}{
-		{Server{}, ""},
-		{Server{Replicating: true}, ""},
-		{single, ""},
-		{Server{ReadOnly: true}, "read-only"},
-		{Server{ReadOnly: true, Galera: true, ClusterSize: 1, ClusterStatus: "Primary", Ready: true}, "read-only"},
-		{Server{Galera: true, ClusterSize: 3, ClusterStatus: "Primary", Ready: true}, "Galera cluster of 3 nodes"},
-		{Server{Galera: true, ClusterSize: 1, ClusterStatus: "non-Primary"}, "wsrep_cluster_status non-Primary, wsrep_ready OFF"},
-		{Server{Galera: true, ClusterSize: 1, ClusterStatus: "Primary"}, "wsrep_ready OFF"},
-		{Server{Galera: true, ClusterStatus: "Disconnected"}, "wsrep_cluster_status Disconnected"},
+		{Server{}, "", nil},
+		{Server{Replicating: true}, "", nil},
+		{single, "", nil},
+		{Server{ReadOnly: true}, "read-only", lock.ErrRefused},
+		{Server{ReadOnly: true, Galera: true, ClusterSize: 1, ClusterStatus: "Primary", Ready: true}, "read-only", lock.ErrRefused},
+		{Server{Galera: true, ClusterSize: 3, ClusterStatus: "Primary", Ready: true}, "Galera cluster of 3 nodes", lock.ErrRefused},
+		{Server{Galera: true, ClusterSize: 2, ClusterStatus: "non-Primary"}, "Galera cluster of 2 nodes", lock.ErrRefused},
+		{Server{Galera: true, ClusterSize: 1, ClusterStatus: "non-Primary"}, "wsrep_cluster_status non-Primary, wsrep_ready OFF", lock.ErrUnavailable},
+		{Server{Galera: true, ClusterSize: 1, ClusterStatus: "Primary"}, "wsrep_ready OFF", lock.ErrUnavailable},
+		{Server{Galera: true, ClusterStatus: "Disconnected"}, "wsrep_cluster_status Disconnected", lock.ErrUnavailable},
 	} {
 		refused, lost := tc.s.Refusal(addr), tc.s.loss(addr)
 		switch {
 		case tc.want == "" && (refused != nil || lost != nil):
 			t.Errorf("%+v: refused %v, lost %v; want neither", tc.s, refused, lost)
 		case tc.want == "":
-		case !errors.Is(refused, lock.ErrRefused) || !strings.Contains(refused.Error(), tc.want) || !strings.Contains(refused.Error(), addr):
-			t.Errorf("%+v: refused %v; want ErrRefused saying %q", tc.s, refused, tc.want)
+		case !errors.Is(refused, tc.kind) || !strings.Contains(refused.Error(), tc.want) || !strings.Contains(refused.Error(), addr):
+			t.Errorf("%+v: refused %v; want %v saying %q", tc.s, refused, tc.kind, tc.want)
 		case !errors.Is(lost, lock.ErrLost) || !strings.Contains(lost.Error(), tc.want):
 			t.Errorf("%+v: lost %v; want ErrLost saying %q", tc.s, lost, tc.want)
 		}

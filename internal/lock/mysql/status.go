@@ -234,7 +234,7 @@ func (b *backend) warnTrap(ctx context.Context, c *sql.Conn) {
 		b.opts.Log.Debug("could not tell what kind of server this is", "err", err)
 		return
 	}
-	if what, _ := s.trap(); what != "" {
+	if _, what, _ := s.trap(); what != "" {
 		b.opts.Log.Warn(fmt.Sprintf("mysql at %s %s: withlock refuses to take a lock there", b.addr, what))
 	}
 	if w := s.Warning(b.addr); w != "" {
