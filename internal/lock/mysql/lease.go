@@ -16,11 +16,12 @@ type lease struct {
 	slot int
 }
 
-// keepSQL reads, in one round trip, everything Keep checks: whether the
-// session still holds the key, and what the server says of itself now
-// (detectSQL): read-only (a failover that demoted it), in a Galera cluster
-// of more than one node (another joined), out of the Primary component.
-const keepSQL = "SELECT IS_USED_LOCK(?) = CONNECTION_ID();\n" + detectSQL
+// keepSQL, followed by the connection's recheckSQL, reads in one round
+// trip everything Keep checks: whether the session still holds the key,
+// and what the server says of itself now: read-only (a failover that
+// demoted it), in a Galera cluster of more than one node (another joined),
+// out of the Primary component.
+const keepSQL = "SELECT IS_USED_LOCK(?) = CONNECTION_ID();\n"
 
 // Keep checks that the session is alive, still holds the lock, and is on a
 // server where the lock still excludes everyone (see Server).
@@ -34,7 +35,7 @@ func (l *lease) Keep(ctx context.Context) error {
 		server, err = readServer(rows, false)
 		return err
 	}
-	err := l.b.queryRow(ctx, keepSQL, []any{l.key}, read, &held)
+	err := l.b.queryRow(ctx, keepSQL+l.b.recheckSQL(), []any{l.key}, read, &held)
 	lost := server.loss(l.b.addr)
 	switch {
 	case err != nil && expired(ctx):

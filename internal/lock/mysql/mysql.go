@@ -126,6 +126,7 @@ type backend struct {
 	id      int64        // conn's CONNECTION_ID(), once known
 	holder  holderRecord // @withlock, but for the name
 	warned  bool         // Server.Warning was logged
+	server  *Server      // what conn's first packet detected; nil before
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
@@ -332,7 +333,7 @@ func (b *backend) drop() {
 		return
 	}
 	b.conn.Close()
-	b.conn, b.sock, b.id = nil, nil, 0
+	b.conn, b.sock, b.id, b.server = nil, nil, 0, nil
 }
 
 func (b *backend) Close() error {
@@ -353,11 +354,12 @@ func (b *backend) Close() error {
 // The statement after it, in the same packet, sets the session's
 // wait_timeout to the ttl (SPEC §5: a silent holder's session ends) and
 // the holder's record; it runs after GET_LOCK returns, so @withlock_at is
-// when the lock was granted. Then detectSQL reads the server again, after
-// the grant and still in the same round trip: a wait can end in a grant on
-// a server that meanwhile became read-only (a failover demoted it) or
-// joined a Galera cluster, and that lock must not be used.
-func lockSQL(order []int) string {
+// when the lock was granted. Then recheck (detectSQL or readOnlySQL)
+// reads the server again, after the grant and still in the same round
+// trip: a wait can end in a grant on a server that meanwhile became
+// read-only (a failover demoted it) or joined a Galera cluster, and that
+// lock must not be used.
+func lockSQL(order []int, recheck string) string {
 	var s strings.Builder
 	s.WriteString("SELECT CONNECTION_ID(), @@global.read_only OR @@global.innodb_read_only,\n")
 	s.WriteString("  CASE WHEN @@global.read_only OR @@global.innodb_read_only THEN NULL")
@@ -369,7 +371,7 @@ func lockSQL(order []int) string {
 		}
 	}
 	s.WriteString("\n  ELSE -1 END;\nSET SESSION wait_timeout = ?, @withlock = ?, @withlock_at = UTC_TIMESTAMP(6);\n")
-	s.WriteString(detectSQL)
+	s.WriteString(recheck)
 	return s.String()
 }
 
@@ -409,7 +411,8 @@ func (b *backend) take(ctx context.Context, name string, wait, last int) (*lease
 		server, err = readServer(rows, false)
 		return err
 	}
-	err := b.queryRow(qctx, lockSQL(order), args, read, &id, &readOnly, &slot)
+	full := b.recheckSQL() == detectSQL
+	err := b.queryRow(qctx, lockSQL(order, b.recheckSQL()), args, read, &id, &readOnly, &slot)
 	if err != nil {
 		err = b.failed(qctx, err)
 		// A statement after GET_LOCK may have failed: the session may hold
@@ -419,6 +422,9 @@ func (b *backend) take(ctx context.Context, name string, wait, last int) (*lease
 	}
 	b.id = id
 	server.ReadOnly = server.ReadOnly || readOnly
+	if full {
+		b.server = &server
+	}
 	if err := server.Refusal(b.addr); err != nil {
 		// Granted or not, nothing of it may be used. A slot granted is
 		// given back at once, so that the next client is not refused for

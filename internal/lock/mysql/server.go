@@ -17,29 +17,38 @@ import (
 //   - read_only (which super_read_only turns on) and innodb_read_only (how
 //     Aurora's readers say so): a replica, or a primary that a failover
 //     demoted. withlock trusts read_only as the sign of a replica.
-//   - wsrep_on, and the status wsrep_cluster_size, wsrep_cluster_status and
-//     wsrep_ready: a Galera node, how many nodes its cluster has, and
-//     whether it is in the cluster's Primary component and serving. MySQL
-//     has no wsrep_on, so it is read with SHOW, which works on both.
+//   - The status wsrep_provider_name, wsrep_cluster_size,
+//     wsrep_cluster_status and wsrep_ready: a Galera node (a provider is
+//     loaded; whether wsrep_on replicates writes or not, its GET_LOCK is
+//     local), how many nodes its cluster has, and whether it is in the
+//     cluster's Primary component and serving. MySQL has neither those
+//     nor wsrep_on, so they are read with SHOW, which works on both.
 //   - Slave_running and Slaves_running (MariaDB): this server replicates
 //     from another. A master-master pair does so on both sides, so that is
 //     a warning, not a refusal.
 //
-// detectSQL reads all of it in two result sets of (name, value) rows, with
-// no privilege. It runs after GET_LOCK in the same packet (lockSQL), so a
-// lock granted after a long wait is checked before it is used; alone, it is
-// Detect.
-const detectSQL = `SHOW GLOBAL VARIABLES WHERE Variable_name IN ('read_only', 'innodb_read_only', 'wsrep_on');
+// detectSQL reads all of it, with no privilege, in result sets of (name,
+// value) rows. It runs after GET_LOCK in the same packet (lockSQL), so a
+// lock granted after a wait is checked before it is used; alone, it is
+// Detect. SHOW GLOBAL STATUS costs the server about half a millisecond,
+// ten times the rest of the packet, so it runs on the first packet of a
+// connection and, on a Galera node, on every one; elsewhere later packets
+// read only read_only (readOnlySQL), since the provider is loaded at
+// start-up (wsrep_provider is not dynamic) and a restart ends the session.
+const (
+	readOnlySQL = `SELECT 'read_only', @@global.read_only OR @@global.innodb_read_only`
+	detectSQL   = readOnlySQL + `;
 SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_provider_name', 'wsrep_cluster_size', 'wsrep_cluster_status', 'wsrep_ready', 'Slave_running', 'Slaves_running')`
+)
 
 // Server is what a MySQL or MariaDB server says of itself that decides
 // whether a lock there excludes everyone who uses it. Detect reads it.
 type Server struct {
 	// ReadOnly: read_only, super_read_only or innodb_read_only is on.
 	ReadOnly bool
-	// Galera: wsrep_on, with a Galera provider loaded. The fields below
-	// are its cluster's size, wsrep_cluster_status ("Primary",
-	// "non-Primary", "Disconnected") and wsrep_ready.
+	// Galera: a Galera provider is loaded. The fields below are its
+	// cluster's size, wsrep_cluster_status ("Primary", "non-Primary",
+	// "Disconnected") and wsrep_ready.
 	Galera        bool
 	ClusterSize   int
 	ClusterStatus string
@@ -47,6 +56,17 @@ type Server struct {
 	// Replicating: the server replicates from another (MariaDB's
 	// Slave_running or Slaves_running).
 	Replicating bool
+}
+
+// recheckSQL is what the lock's connection reads of its server after a
+// grant and at every check: all of it (detectSQL) until the connection's
+// first packet has said that the server is not a Galera node, then only
+// read_only (see detectSQL).
+func (b *backend) recheckSQL() string {
+	if b.server == nil || b.server.Galera {
+		return detectSQL
+	}
+	return readOnlySQL
 }
 
 // Detect reads what the server of c says of itself (see Server). It needs
@@ -81,8 +101,8 @@ func readServer(rows *sql.Rows, first bool) (Server, error) {
 		return v == "ON" || v == "1"
 	}
 	s := Server{
-		ReadOnly:      on("read_only") || on("innodb_read_only"),
-		Galera:        on("wsrep_on") && vars["wsrep_provider_name"] != "",
+		ReadOnly:      on("read_only"),
+		Galera:        vars["wsrep_provider_name"] != "",
 		ClusterStatus: vars["wsrep_cluster_status"],
 		Ready:         on("wsrep_ready"),
 		Replicating:   on("slave_running"),
