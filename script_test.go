@@ -387,27 +387,28 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
-			"waitfile":   cmdWaitfile,
-			"waitmatch":  cmdWaitmatch,
-			"pidmatch":   cmdPidmatch,
-			"pgwait":     cmdPgwait,
-			"gone":       cmdGone,
-			"pgsql":      cmdPgsql,
-			"server":     cmdServer,
-			"countlines": cmdCountlines,
-			"signal":     cmdSignal,
-			"sleep":      cmdSleep,
-			"breaklease": cmdBreaklease,
-			"waiters":    cmdWaiters,
-			"replica":    cmdReplica,
-			"nooverlap":  cmdNooverlap,
-			"standby":    cmdStandby,
-			"pgbouncer":  cmdPgbouncer,
-			"mysqlsql":   cmdMysqlsql,
-			"mysqlwait":  cmdMysqlwait,
-			"galera":     cmdGalera,
-			"kubeget":    cmdKubeget,
-			"kubesa":     cmdKubesa,
+			"waitfile":     cmdWaitfile,
+			"waitmatch":    cmdWaitmatch,
+			"pidmatch":     cmdPidmatch,
+			"pgwait":       cmdPgwait,
+			"gone":         cmdGone,
+			"pgsql":        cmdPgsql,
+			"server":       cmdServer,
+			"countlines":   cmdCountlines,
+			"signal":       cmdSignal,
+			"sleep":        cmdSleep,
+			"breaklease":   cmdBreaklease,
+			"waiters":      cmdWaiters,
+			"replica":      cmdReplica,
+			"nooverlap":    cmdNooverlap,
+			"standby":      cmdStandby,
+			"pgbouncer":    cmdPgbouncer,
+			"mysqlsql":     cmdMysqlsql,
+			"mysqlwait":    cmdMysqlwait,
+			"galera":       cmdGalera,
+			"mysqlreplica": cmdMysqlreplica,
+			"kubeget":      cmdKubeget,
+			"kubesa":       cmdKubesa,
 		},
 	}
 }
@@ -538,6 +539,20 @@ func cmdGalera(ts *testscript.TestScript, neg bool, args []string) {
 	default:
 		ts.Fatalf("usage: galera start|pause VAR, galera wait VAR STATUS VALUE (MySQL only; start a new VAR, pause or wait on a started one)")
 	}
+}
+
+// mysqlreplica starts a MariaDB primary and a replica of it (neither
+// read-only), and sets $PRIMARY and $REPLICA to their URLs as the account
+// without privileges.
+func cmdMysqlreplica(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 0 || ts.Getenv("BACKEND") != "mysql" {
+		ts.Fatalf("usage: mysqlreplica (MySQL only)")
+	}
+	primary, replica, err := testenv.StartMariaDBReplica()
+	ts.Check(err)
+	ts.Defer(func() { replica.Close(); primary.Close() })
+	ts.Setenv("PRIMARY", primary.UnprivilegedURL())
+	ts.Setenv("REPLICA", replica.UnprivilegedURL())
 }
 
 // mysqlsql SQL runs SQL against $DB (a mysql URL) and prints the rows, one

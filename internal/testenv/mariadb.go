@@ -215,3 +215,39 @@ type mariaInstallation struct {
 	*install
 	mariadbd string
 }
+
+// StartMariaDBReplica starts two servers: a primary that writes a binary
+// log, and a replica of it (CHANGE MASTER TO, START SLAVE), returned once
+// the replica's Slave_running is ON. Neither is read-only: that is the
+// caller's to set.
+func StartMariaDBReplica() (primary, replica *MariaDB, err error) {
+	if primary, err = StartMariaDB(MariaDBOptions{Conf: "log-bin = primary-bin\nserver-id = 1"}); err != nil {
+		return nil, nil, err
+	}
+	if replica, err = StartMariaDB(MariaDBOptions{Conf: "server-id = 2"}); err != nil {
+		primary.Close()
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = MySQLExec(ctx, replica.URL, fmt.Sprintf("CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = %d, MASTER_USER = '%s', MASTER_PASSWORD = '%s'; START SLAVE",
+		primary.Port, MariaDBUser, MariaDBPassword))
+	if err == nil {
+		err = replica.WaitStatus("Slave_running", "ON")
+	}
+	if err != nil {
+		replica.Close()
+		primary.Close()
+		return nil, nil, fmt.Errorf("testenv: replication: %w", err)
+	}
+	return primary, replica, nil
+}
+
+// RequireMariaDBReplica is [StartMariaDBReplica] for t.
+func RequireMariaDBReplica(t testing.TB) (primary, replica *MariaDB) {
+	p, r, err := StartMariaDBReplica()
+	if err == nil {
+		t.Cleanup(func() { p.Close() })
+	}
+	return p, require(t, r, err, ErrNoMariaDB)
+}

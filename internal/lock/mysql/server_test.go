@@ -112,13 +112,7 @@ func TestReadOnlyAfterGrant(t *testing.T) {
 // nobody made read-only) takes the lock, since master-master pairs
 // replicate both ways, but the holder is warned, once, naming the server.
 func TestReplicaNotReadOnly(t *testing.T) {
-	primary := testenv.RequireMariaDB(t, testenv.MariaDBOptions{Conf: "log-bin = primary-bin\nserver-id = 1"})
-	replica := testenv.RequireMariaDB(t, testenv.MariaDBOptions{Conf: "server-id = 2"})
-	query(t, replica.URL, fmt.Sprintf("CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = %d, MASTER_USER = '%s', MASTER_PASSWORD = '%s'; START SLAVE",
-		primary.Port, testenv.MariaDBUser, testenv.MariaDBPassword))
-	if err := replica.WaitStatus("Slave_running", "ON"); err != nil {
-		t.Fatal(err)
-	}
+	primary, replica := testenv.RequireMariaDBReplica(t)
 	if s := detect(t, replica.UnprivilegedURL()); !s.Replicating || s.ReadOnly || s.Galera {
 		t.Errorf("Detect on a replica: %+v; want Replicating only", s)
 	}
