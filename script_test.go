@@ -325,9 +325,11 @@ type freezer interface {
 // scriptState is what one script's custom commands share.
 type scriptState struct {
 	server  server
-	replica *testenv.Redis              // started by "replica start"
-	galera  map[string]*testenv.MariaDB // started by "galera start", by variable
-	// galeraSeed is the first node "galera start" started; the others join it.
+	replica *testenv.Redis // started by "replica start"
+
+	// galera are the nodes "galera start" started, by variable; galeraSeed
+	// is the first, which the others join.
+	galera     map[string]*testenv.MariaDB
 	galeraSeed *testenv.MariaDB
 }
 
@@ -387,28 +389,28 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
-			"waitfile":     cmdWaitfile,
-			"waitmatch":    cmdWaitmatch,
-			"pidmatch":     cmdPidmatch,
-			"pgwait":       cmdPgwait,
-			"gone":         cmdGone,
-			"pgsql":        cmdPgsql,
-			"server":       cmdServer,
-			"countlines":   cmdCountlines,
-			"signal":       cmdSignal,
-			"sleep":        cmdSleep,
-			"breaklease":   cmdBreaklease,
-			"waiters":      cmdWaiters,
-			"replica":      cmdReplica,
-			"nooverlap":    cmdNooverlap,
-			"standby":      cmdStandby,
-			"pgbouncer":    cmdPgbouncer,
-			"mysqlsql":     cmdMysqlsql,
-			"mysqlwait":    cmdMysqlwait,
-			"galera":       cmdGalera,
-			"mysqlreplica": cmdMysqlreplica,
-			"kubeget":      cmdKubeget,
-			"kubesa":       cmdKubesa,
+			"waitfile":   cmdWaitfile,
+			"waitmatch":  cmdWaitmatch,
+			"pidmatch":   cmdPidmatch,
+			"pgwait":     cmdPgwait,
+			"gone":       cmdGone,
+			"pgsql":      cmdPgsql,
+			"server":     cmdServer,
+			"countlines": cmdCountlines,
+			"signal":     cmdSignal,
+			"sleep":      cmdSleep,
+			"breaklease": cmdBreaklease,
+			"waiters":    cmdWaiters,
+			"replica":    cmdReplica,
+			"nooverlap":  cmdNooverlap,
+			"standby":    cmdStandby,
+			"pgbouncer":  cmdPgbouncer,
+			"mysqlsql":   cmdMysqlsql,
+			"mysqlwait":  cmdMysqlwait,
+			"galera":     cmdGalera,
+			"mysqlrepl":  cmdMysqlrepl,
+			"kubeget":    cmdKubeget,
+			"kubesa":     cmdKubesa,
 		},
 	}
 }
@@ -541,12 +543,12 @@ func cmdGalera(ts *testscript.TestScript, neg bool, args []string) {
 	}
 }
 
-// mysqlreplica starts a MariaDB primary and a replica of it (neither
+// mysqlrepl starts a MariaDB primary and a replica of it (neither
 // read-only), and sets $PRIMARY and $REPLICA to their URLs as the account
 // without privileges.
-func cmdMysqlreplica(ts *testscript.TestScript, neg bool, args []string) {
+func cmdMysqlrepl(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 0 || ts.Getenv("BACKEND") != "mysql" {
-		ts.Fatalf("usage: mysqlreplica (MySQL only)")
+		ts.Fatalf("usage: mysqlrepl (MySQL only)")
 	}
 	primary, replica, err := testenv.StartMariaDBReplica()
 	ts.Check(err)
