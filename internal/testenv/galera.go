@@ -39,9 +39,11 @@ func StartGaleraNode(join *MariaDB) (*MariaDB, error) {
 	} else {
 		address += fmt.Sprintf("127.0.0.1:%d", join.galeraPort)
 	}
-	// A node that stops answering is out of the cluster within about a
-	// second (suspect, then inactive), so that a test that kills one sees
-	// the others leave the Primary component at once.
+	// A node that stops answering is out of the cluster within seconds
+	// (suspected after 3s, inactive after 5s; the defaults are 5s and 15s),
+	// so that a test that freezes one sees the others leave the Primary
+	// component soon, while a node that a busy machine starves of CPU for
+	// a second or two is not taken for gone.
 	conf := fmt.Sprintf(`wsrep-on = ON
 wsrep-provider = %[1]s
 wsrep-cluster-name = withlock
@@ -50,7 +52,7 @@ wsrep-node-address = 127.0.0.1:%[3]d
 wsrep-node-incoming-address = 127.0.0.1
 wsrep-sst-method = rsync
 wsrep-sst-receive-address = 127.0.0.1:%[4]d
-wsrep-provider-options = "gmcast.listen_addr=tcp://127.0.0.1:%[3]d;ist.recv_addr=127.0.0.1:%[5]d;gcache.size=8M;evs.suspect_timeout=PT1S;evs.inactive_timeout=PT2S;evs.inactive_check_period=PT0.5S;evs.keepalive_period=PT0.3S;pc.wait_prim_timeout=PT5S"
+wsrep-provider-options = "gmcast.listen_addr=tcp://127.0.0.1:%[3]d;ist.recv_addr=127.0.0.1:%[5]d;gcache.size=8M;evs.suspect_timeout=PT3S;evs.inactive_timeout=PT5S;evs.inactive_check_period=PT0.5S;evs.keepalive_period=PT0.5S;pc.wait_prim_timeout=PT5S"
 binlog-format = ROW
 default-storage-engine = InnoDB
 innodb-autoinc-lock-mode = 2
