@@ -326,6 +326,11 @@ type freezer interface {
 type scriptState struct {
 	server  server
 	replica *testenv.Redis // started by "replica start"
+
+	// galera are the nodes "galera start" started, by variable; galeraSeed
+	// is the first, which the others join.
+	galera     map[string]*testenv.MariaDB
+	galeraSeed *testenv.MariaDB
 }
 
 type stateKey struct{}
@@ -402,6 +407,8 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			"pgbouncer":  cmdPgbouncer,
 			"mysqlsql":   cmdMysqlsql,
 			"mysqlwait":  cmdMysqlwait,
+			"galera":     cmdGalera,
+			"mysqlrepl":  cmdMysqlrepl,
 			"kubeget":    cmdKubeget,
 			"kubesa":     cmdKubesa,
 		},
@@ -502,6 +509,52 @@ func cmdMysqlwait(ts *testscript.TestScript, neg bool, args []string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// galera start VAR | pause VAR | wait VAR STATUS VALUE: "start" starts a
+// node of a Galera cluster on loopback (the script's first: a cluster of
+// its own; the next ones join it, their state sent by rsync), returns once
+// it is Synced, and sets $VAR to its URL as the account without privileges;
+// "pause" freezes that node (SIGSTOP), so that the others see it go;
+// "wait" waits (up to a minute) until the node's status variable STATUS
+// reads VALUE.
+func cmdGalera(ts *testscript.TestScript, neg bool, args []string) {
+	st := ts.Value(stateKey{}).(*scriptState)
+	if neg || len(args) < 2 || ts.Getenv("BACKEND") != "mysql" {
+		ts.Fatalf("usage: galera start|pause VAR, galera wait VAR STATUS VALUE (MySQL only)")
+	}
+	node := st.galera[args[1]]
+	switch {
+	case args[0] == "start" && len(args) == 2 && node == nil:
+		m, err := testenv.StartGaleraNode(st.galeraSeed)
+		ts.Check(err)
+		ts.Defer(func() { m.Close() })
+		if st.galera == nil {
+			st.galera, st.galeraSeed = map[string]*testenv.MariaDB{}, m
+		}
+		st.galera[args[1]] = m
+		ts.Setenv(args[1], m.UnprivilegedURL())
+	case args[0] == "pause" && len(args) == 2 && node != nil:
+		ts.Check(node.Pause())
+	case args[0] == "wait" && len(args) == 4 && node != nil:
+		ts.Check(node.WaitStatus(args[2], args[3]))
+	default:
+		ts.Fatalf("usage: galera start|pause VAR, galera wait VAR STATUS VALUE (MySQL only; start a new VAR, pause or wait on a started one)")
+	}
+}
+
+// mysqlrepl starts a MariaDB primary and a replica of it (neither
+// read-only), and sets $PRIMARY and $REPLICA to their URLs as the account
+// without privileges.
+func cmdMysqlrepl(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 0 || ts.Getenv("BACKEND") != "mysql" {
+		ts.Fatalf("usage: mysqlrepl (MySQL only)")
+	}
+	primary, replica, err := testenv.StartMariaDBReplica()
+	ts.Check(err)
+	ts.Defer(func() { replica.Close(); primary.Close() })
+	ts.Setenv("PRIMARY", primary.UnprivilegedURL())
+	ts.Setenv("REPLICA", replica.UnprivilegedURL())
 }
 
 // mysqlsql SQL runs SQL against $DB (a mysql URL) and prints the rows, one

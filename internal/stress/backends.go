@@ -105,6 +105,12 @@ var Backends = []Backend{
 		m := testenv.RequireMariaDB(t)
 		return m.URL, m
 	}},
+	// A single-node Galera cluster, which withlock takes as a plain server
+	// (a multi-node one is refused); a restart bootstraps it again.
+	{Name: "galera", Network: true, StartServer: func(t testing.TB) (string, Server) {
+		m := testenv.RequireGaleraNode(t, nil)
+		return m.URL, m
+	}},
 	// A namespace of its own on a kube-apiserver of its own; withlock
 	// reaches it as a user allowed leases there only (the README's Role).
 	{Name: "k8s", Network: true, Tokens: true, Via: func(t testing.TB) (string, string, func(string) []string) {

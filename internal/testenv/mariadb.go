@@ -34,7 +34,10 @@ var ErrNoMariaDB = errors.New("testenv: mariadbd and mariadb-install-db not foun
 // MariaDB is a running throwaway mariadbd on 127.0.0.1 whose data directory
 // is Dir/data. Its URL connects as MariaDBUser with its password:
 // mysql://withlock:secret@127.0.0.1:PORT/withlock
-type MariaDB struct{ *proc }
+type MariaDB struct {
+	*proc
+	galeraPort int // a Galera node's group port; 0 for a plain server
+}
 
 // MariaDBOptions say how [StartMariaDB] starts a server. The zero value
 // turns performance_schema on, with the metadata-lock instrument that MySQL 8
@@ -47,6 +50,11 @@ type MariaDBOptions struct {
 	// TLS gives the server a certificate for 127.0.0.1 signed by a test CA
 	// (CertFile), so that clients may use TLS; they need not.
 	TLS bool
+	// Conf is added to the server's my.cnf, in its [mariadbd] section: one
+	// option a line (a replica's server-id, Galera's wsrep options).
+	Conf string
+	// Args are added to the server's command line (--wsrep-new-cluster).
+	Args []string
 }
 
 // StartMariaDB starts a new server on a free port. Servers are copies of a
@@ -81,12 +89,16 @@ func StartMariaDB(opts ...MariaDBOptions) (*MariaDB, error) {
 		} else {
 			conf += "performance-schema = ON\nperformance-schema-instrument = 'wait/lock/metadata/sql/mdl=ON'\n"
 		}
+		conf += o.Conf
+		if o.Conf != "" && !strings.HasSuffix(o.Conf, "\n") {
+			conf += "\n"
+		}
 		name := filepath.Join(m.Dir, "my.cnf")
 		os.WriteFile(name, []byte(conf), 0o644)
 		m.URL = m.urlFor(MariaDBUser)
 		// --defaults-file must come first; it is the only file read. Its
 		// messages go to stderr, where start looks for "already in use".
-		return exec.Command(inst.mariadbd, "--defaults-file="+name)
+		return exec.Command(inst.mariadbd, append([]string{"--defaults-file=" + name}, o.Args...)...)
 	}
 	proc.ready = func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -202,4 +214,40 @@ var mariaInstall = sync.OnceValues(func() (*mariaInstallation, error) {
 type mariaInstallation struct {
 	*install
 	mariadbd string
+}
+
+// StartMariaDBReplica starts two servers: a primary that writes a binary
+// log, and a replica of it (CHANGE MASTER TO, START SLAVE), returned once
+// the replica's Slave_running is ON. Neither is read-only: that is the
+// caller's to set.
+func StartMariaDBReplica() (primary, replica *MariaDB, err error) {
+	if primary, err = StartMariaDB(MariaDBOptions{Conf: "log-bin = primary-bin\nserver-id = 1"}); err != nil {
+		return nil, nil, err
+	}
+	if replica, err = StartMariaDB(MariaDBOptions{Conf: "server-id = 2"}); err != nil {
+		primary.Close()
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = MySQLExec(ctx, replica.URL, fmt.Sprintf("CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = %d, MASTER_USER = '%s', MASTER_PASSWORD = '%s'; START SLAVE",
+		primary.Port, MariaDBUser, MariaDBPassword))
+	if err == nil {
+		err = replica.WaitStatus("Slave_running", "ON")
+	}
+	if err != nil {
+		replica.Close()
+		primary.Close()
+		return nil, nil, fmt.Errorf("testenv: replication: %w", err)
+	}
+	return primary, replica, nil
+}
+
+// RequireMariaDBReplica is [StartMariaDBReplica] for t.
+func RequireMariaDBReplica(t testing.TB) (primary, replica *MariaDB) {
+	p, r, err := StartMariaDBReplica()
+	if err == nil {
+		t.Cleanup(func() { p.Close() })
+	}
+	return p, require(t, r, err, ErrNoMariaDB)
 }

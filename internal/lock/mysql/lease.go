@@ -16,28 +16,35 @@ type lease struct {
 	slot int
 }
 
-// keepSQL reads, in one round trip, everything Keep checks: whether the
-// session still holds the key, and whether the server is read-only now (a
-// failover that demoted it).
-const keepSQL = `SELECT IS_USED_LOCK(?) = CONNECTION_ID(), @@global.read_only OR @@global.innodb_read_only`
+// keepSQL, followed by the connection's recheckSQL, reads in one round
+// trip everything Keep checks: whether the session still holds the key,
+// and what the server says of itself now: read-only (a failover that
+// demoted it), in a Galera cluster of more than one node (another joined),
+// out of the Primary component.
+const keepSQL = "SELECT IS_USED_LOCK(?) = CONNECTION_ID();\n"
 
 // Keep checks that the session is alive, still holds the lock, and is on a
-// server that is not read-only.
+// server where the lock still excludes everyone (see Server).
 func (l *lease) Keep(ctx context.Context) error {
 	if l.b.conn == nil {
 		return lock.Errorf(lock.ErrLost, "the connection to mysql at %s was closed", l.b.addr)
 	}
 	var held sql.NullBool
-	var readOnly bool
-	err := l.b.queryRow(ctx, keepSQL, []any{l.key}, &held, &readOnly)
+	var server Server
+	read := func(rows *sql.Rows) (err error) {
+		server, err = readServer(rows, false)
+		return err
+	}
+	err := l.b.queryRow(ctx, keepSQL+l.b.recheckSQL(), []any{l.key}, read, &held)
+	lost := server.loss(l.b.addr)
 	switch {
 	case err != nil && expired(ctx):
 		// Out of time: the caller decides what an unanswered check means.
 		return l.b.failed(ctx, err)
 	case err != nil:
 		return l.sessionEnded(ctx, err)
-	case readOnly:
-		return lock.Errorf(lock.ErrLost, "mysql at %s is read-only now (a failover?), where the lock excludes nobody on the primary", l.b.addr)
+	case lost != nil:
+		return lost
 	case !held.Bool:
 		return lock.Errorf(lock.ErrLost, "the session no longer holds the lock %s", l.key)
 	}
@@ -69,7 +76,7 @@ func (l *lease) Watch(ctx context.Context) error {
 		return nil
 	case errors.Is(err, errClosed):
 		l.b.drop()
-		return lock.Errorf(lock.ErrLost, "mysql at %s closed the session", l.b.addr)
+		return lock.Errorf(lock.ErrLost, "mysql at %s closed the session (ended by KILL or withlock release --force, or a server restart?)", l.b.addr)
 	}
 	l.b.drop()
 	_, why := sortError(err)
@@ -80,7 +87,7 @@ func (l *lease) Watch(ctx context.Context) error {
 // closed, which ends the lock too.
 func (l *lease) Release(ctx context.Context) error {
 	var was sql.NullInt64
-	err := l.b.queryRow(ctx, "SELECT RELEASE_LOCK(?)", []any{l.key}, &was)
+	err := l.b.queryRow(ctx, "SELECT RELEASE_LOCK(?)", []any{l.key}, nil, &was)
 	switch {
 	case err != nil:
 		err = l.b.failed(ctx, err)

@@ -125,6 +125,8 @@ type backend struct {
 	sock    *socket      // conn's socket
 	id      int64        // conn's CONNECTION_ID(), once known
 	holder  holderRecord // @withlock, but for the name
+	warned  bool         // Server.Warning was logged
+	server  *Server      // what conn's first packet detected; nil before
 }
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
@@ -331,7 +333,7 @@ func (b *backend) drop() {
 		return
 	}
 	b.conn.Close()
-	b.conn, b.sock, b.id = nil, nil, 0
+	b.conn, b.sock, b.id, b.server = nil, nil, 0, nil
 }
 
 func (b *backend) Close() error {
@@ -343,17 +345,21 @@ func (b *backend) Close() error {
 // keys are its first parameters, in that order), waiting up to the seconds
 // of the parameter that follows them for the last (the others: not at all),
 // in the same statement that checks that the server is not read-only, so
-// that the check costs no round trip: a replica grants GET_LOCK, but only
-// on itself. read_only covers super_read_only (which sets it), and
+// that a replica's GET_LOCK is not even tried: a replica grants it, but
+// only on itself. read_only covers super_read_only (which sets it), and
 // innodb_read_only is how Aurora's readers say that they are readers.
-// Columns: the connection's id, read-only, the slot number taken
-// (NULL: read-only, nothing tried; -1: none free).
+// Columns: the connection's id, read-only, the slot number taken (NULL:
+// read-only, nothing tried; -1: none free).
 //
 // The statement after it, in the same packet, sets the session's
 // wait_timeout to the ttl (SPEC §5: a silent holder's session ends) and
 // the holder's record; it runs after GET_LOCK returns, so @withlock_at is
-// when the lock was granted.
-func lockSQL(order []int) string {
+// when the lock was granted. Then recheck (detectSQL or readOnlySQL)
+// reads the server again, after the grant and still in the same round
+// trip: a wait can end in a grant on a server that meanwhile became
+// read-only (a failover demoted it) or joined a Galera cluster, and that
+// lock must not be used.
+func lockSQL(order []int, recheck string) string {
 	var s strings.Builder
 	s.WriteString("SELECT CONNECTION_ID(), @@global.read_only OR @@global.innodb_read_only,\n")
 	s.WriteString("  CASE WHEN @@global.read_only OR @@global.innodb_read_only THEN NULL")
@@ -364,13 +370,9 @@ func lockSQL(order []int) string {
 			fmt.Fprintf(&s, "\n  WHEN GET_LOCK(?, 0) THEN %d", i)
 		}
 	}
-	s.WriteString("\n  ELSE -1 END;\nSET SESSION wait_timeout = ?, @withlock = ?, @withlock_at = UTC_TIMESTAMP(6)")
+	s.WriteString("\n  ELSE -1 END;\nSET SESSION wait_timeout = ?, @withlock = ?, @withlock_at = UTC_TIMESTAMP(6);\n")
+	s.WriteString(recheck)
 	return s.String()
-}
-
-// readOnly is the refusal of a read-only server.
-func (b *backend) readOnly() error {
-	return lock.Errorf(lock.ErrRefused, "mysql at %s is read-only (read_only, super_read_only or innodb_read_only is on: a replica?), where a lock excludes nobody on the primary; point withlock at the primary", b.addr)
 }
 
 // take makes one attempt to take a slot, trying them in order 0 to n-1,
@@ -395,6 +397,7 @@ func (b *backend) take(ctx context.Context, name string, wait, last int) (*lease
 		id       int64
 		readOnly bool
 		slot     sql.NullInt64
+		server   Server
 	)
 	qctx := ctx
 	if wait > 0 {
@@ -404,17 +407,42 @@ func (b *backend) take(ctx context.Context, name string, wait, last int) (*lease
 		qctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), time.Duration(wait)*time.Second+waitSlack)
 		defer cancel()
 	}
-	err := b.queryRow(qctx, lockSQL(order), args, &id, &readOnly, &slot)
+	read := func(rows *sql.Rows) (err error) {
+		server, err = readServer(rows, false)
+		return err
+	}
+	full := b.recheckSQL() == detectSQL
+	err := b.queryRow(qctx, lockSQL(order, b.recheckSQL()), args, read, &id, &readOnly, &slot)
 	if err != nil {
-		return nil, false, b.failed(qctx, err)
+		err = b.failed(qctx, err)
+		// A statement after GET_LOCK may have failed: the session may hold
+		// a slot that nobody will use. Closing it releases that.
+		b.drop()
+		return nil, false, err
 	}
 	b.id = id
-	switch {
-	case readOnly:
+	server.ReadOnly = server.ReadOnly || readOnly
+	if full {
+		b.server = &server
+	}
+	if err := server.Refusal(b.addr); err != nil {
+		// Granted or not, nothing of it may be used. A slot granted is
+		// given back at once, so that the next client is not refused for
+		// a lock that the server frees only once it has ended the session;
+		// closing the session releases it anyway.
+		if slot.Valid && slot.Int64 >= 0 {
+			var released sql.NullInt64
+			b.queryRow(ctx, "SELECT RELEASE_LOCK(?)", []any{SlotKey(name, int(slot.Int64))}, nil, &released)
+		}
 		b.drop()
-		return nil, false, b.readOnly()
-	case slot.Int64 < 0:
+		return nil, false, err
+	}
+	if slot.Int64 < 0 {
 		return nil, false, nil
+	}
+	if w := server.Warning(b.addr); w != "" && !b.warned {
+		b.warned = true
+		b.opts.Log.Warn(w)
 	}
 	i := int(slot.Int64)
 	return &lease{b: b, key: SlotKey(name, i), slot: i}, true, nil
@@ -523,9 +551,9 @@ func (b *backend) auxExec(ctx context.Context, query string, args ...any) error 
 
 // queryRow runs query on the lock's connection, bounded by ctx through the
 // socket (see socket.bound), scans the first row of its first result into
-// dest, and reads the other results of a multi-statement query; any error
-// is returned.
-func (b *backend) queryRow(ctx context.Context, query string, args []any, dest ...any) error {
+// dest, and reads the other results of a multi-statement query, with rest
+// unless it is nil; any error is returned.
+func (b *backend) queryRow(ctx context.Context, query string, args []any, rest func(*sql.Rows) error, dest ...any) error {
 	if b.conn == nil {
 		return errBroken
 	}
@@ -547,6 +575,11 @@ func (b *backend) queryRow(ctx context.Context, query string, args []any, dest .
 	}
 	for rows.Next() {
 	}
+	if rest != nil {
+		if err := rest(rows); err != nil {
+			return err
+		}
+	}
 	for rows.NextResultSet() {
 		for rows.Next() {
 		}
@@ -567,14 +600,29 @@ func (b *backend) failed(ctx context.Context, err error) error {
 	if kind == lock.ErrUnavailable || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
 		b.drop()
 	}
-	return b.errorAt(kind, why)
+	return b.errorAt(kind, why, err)
 }
 
-func (b *backend) errorAt(kind error, why string) error {
-	if kind == lock.ErrRefused {
+// errorAt says what went wrong with the server (kind and why from
+// sortError, of err).
+func (b *backend) errorAt(kind error, why string, err error) error {
+	var myErr *gomysql.MySQLError
+	switch {
+	case kind == lock.ErrRefused:
 		return lock.Errorf(kind, "mysql at %s refused: %s", b.addr, why)
+	case errors.As(err, &myErr) && connectionLimit[myErr.Number]:
+		// Reached, but full: retried like an outage, and said as it is.
+		return lock.Errorf(kind, "mysql at %s is at its connection limit: %s", b.addr, why)
 	}
 	return lock.Unreachable("mysql at "+b.addr, why)
+}
+
+// connectionLimit are the server errors of a server, or an account, at
+// its connection limit (max_connections, max_user_connections).
+var connectionLimit = map[uint16]bool{
+	1040: true, // ER_CON_COUNT_ERROR: too many connections
+	1203: true, // ER_TOO_MANY_USER_CONNECTIONS
+	1226: true, // ER_USER_LIMIT_REACHED
 }
 
 // Server errors that say the server cannot serve us now, not that it

@@ -561,3 +561,18 @@ func BenchmarkRoundTrip(b *testing.B) {
 func TestOneDial(t *testing.T) {
 	locktest.RunOneDial(t, func(hostport string) string { return "mysql://u:p@" + hostport + "/db" }, nil)
 }
+
+// TestConnectionLimit: a server, or an account, at its connection limit is
+// an outage (retried), said as it is, with the server's words, not as a
+// server that cannot be reached.
+func TestConnectionLimit(t *testing.T) {
+	m := testenv.RequireMariaDB(t)
+	query(t, m.URL, fmt.Sprintf("ALTER USER '%s'@'%%' WITH MAX_USER_CONNECTIONS 1", testenv.MariaDBUnprivileged))
+	hold(t, m.UnprivilegedURL(), "someone-elses-lock") // the account's one connection
+	c := locktest.Open(t, m.UnprivilegedURL(), lock.Options{})
+	_, err := c.TryAcquire(locktest.Context(t), "job")
+	if !errors.Is(err, lock.ErrUnavailable) || !strings.Contains(err.Error(), "is at its connection limit: ") ||
+		!strings.Contains(err.Error(), "max_user_connections") || strings.Contains(err.Error(), "cannot reach") {
+		t.Errorf("TryAcquire by an account at its connection limit: %v; want ErrUnavailable saying so in the server's words", err)
+	}
+}

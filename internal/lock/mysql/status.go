@@ -95,7 +95,7 @@ func (b *backend) auxFailed(ctx context.Context, err error) error {
 	if kind == lock.ErrUnavailable && expired(ctx) {
 		why = "timed out"
 	}
-	return b.errorAt(kind, why)
+	return b.errorAt(kind, why, err)
 }
 
 // slots returns the connection ids holding name's slots, by slot.
@@ -219,9 +219,27 @@ func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) 
 			return err
 		}
 		st = state(name, held, who)
+		b.warnTrap(ctx, c)
 		return nil
 	})
 	return st, err
+}
+
+// warnTrap warns, for status, of a server where withlock would refuse a
+// lock or warn of one (see Server): "free" there does not mean that a lock
+// could be taken.
+func (b *backend) warnTrap(ctx context.Context, c *sql.Conn) {
+	s, err := Detect(ctx, c)
+	if err != nil {
+		b.opts.Log.Debug("could not tell what kind of server this is", "err", err)
+		return
+	}
+	if _, what, _ := s.trap(); what != "" {
+		b.opts.Log.Warn(fmt.Sprintf("mysql at %s %s: withlock refuses to take a lock there", b.addr, what))
+	}
+	if w := s.Warning(b.addr); w != "" {
+		b.opts.Log.Warn(w)
+	}
 }
 
 // Lock sources for List, best first.
@@ -327,6 +345,7 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 		}
 		slices.SortFunc(others, func(a, b lock.State) int { return strings.Compare(a.Key, b.Key) })
 		states = append(states, others...)
+		b.warnTrap(ctx, c)
 		return nil
 	})
 	return states, err
