@@ -19,6 +19,7 @@ const (
 	exitUnavailable   = 69  // EX_UNAVAILABLE
 	exitLost          = 70  // EX_SOFTWARE: the lock was lost, the command stopped
 	exitNotAcquired   = 75  // EX_TEMPFAIL: default for --conflict-exit-code
+	exitConfig        = 78  // EX_CONFIG: withlock check found a lock would not exclude everyone
 	exitNotExecutable = 126 // as a shell says it
 	exitNotFound      = 127
 )
@@ -58,6 +59,8 @@ func exitCode(err error, conflictCode int) int {
 		return 128 + int(sig.sig.(syscall.Signal))
 	case errors.Is(err, lock.ErrLost):
 		return exitLost
+	case errors.Is(err, errCheckFailed):
+		return exitConfig
 	case errors.Is(err, exec.ErrNotFound):
 		return exitNotFound
 	case errors.Is(err, exec.ErrNotExecutable):

@@ -96,6 +96,7 @@ func newRootCmd(env *environment) *cobra.Command {
 		newRunCmd(env, "run [flags] NAME -- COMMAND [ARG...]"),
 		newStatusCmd(env),
 		newReleaseCmd(env),
+		newCheckCmd(env),
 		newVersionCmd(env),
 	)
 	root.SetOut(env.stdout)

@@ -75,16 +75,20 @@ Exit status: 0 whether held or free; 64 usage; 69 backend unavailable.`,
 // open opens a Client for an operator's command: one attempt, bounded by
 // --connect-timeout.
 func (f *connFlags) open(env *environment) (*lock.Client, error) {
+	return f.openWith(env, lock.Options{})
+}
+
+// openWith is open with more options.
+func (f *connFlags) openWith(env *environment, opts lock.Options) (*lock.Client, error) {
 	dbURL, err := f.backendURL(env)
 	if err != nil {
 		return nil, err
 	}
 	f.db = dbURL
-	return lock.Open(dbURL, lock.Options{
-		ConnectTimeout: f.connectTimeout,
-		Holder:         lock.Holder{Host: lock.Hostname(), PID: os.Getpid()},
-		Log:            env.logger(),
-	})
+	opts.ConnectTimeout = f.connectTimeout
+	opts.Holder = lock.Holder{Host: lock.Hostname(), PID: os.Getpid()}
+	opts.Log = env.logger()
+	return lock.Open(dbURL, opts)
 }
 
 func (f *statusFlags) print(w io.Writer, st lock.State, backend string, detail bool) {

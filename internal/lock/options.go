@@ -53,6 +53,10 @@ type Options struct {
 	// Holder is recorded with the lock where the backend can (its Host, PID
 	// and Command).
 	Holder Holder
+	// SharedFS is the user's word (withlock check --fs-shares-locks) that
+	// a file:// directory on a network file system shares its locks
+	// between every host that uses it; withlock cannot verify it.
+	SharedFS bool
 	// Log receives Debug lines about each step and Warn lines about
 	// trouble that does not end the lock. Nil discards them.
 	Log *slog.Logger

@@ -128,6 +128,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -203,7 +204,8 @@ type backend struct {
 	uri    string
 	dbName string
 	addr   string // host list, for messages
-	wSet   bool   // the URL chose a write concern
+	wSet   bool   // the URL chose a write concern: w, below
+	w      string // the URL's w (a number or a tag, "majority"), for withlock check
 	opts   lock.Options
 	client *mongo.Client
 	locks  *mongo.Collection
@@ -244,7 +246,11 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	if db == "" {
 		db = DefaultDatabase
 	}
-	return &backend{uri: u.String(), dbName: db, addr: strings.Join(cs.Hosts, ","), wSet: cs.WNumberSet || cs.WString != "", opts: opts, keep: keep, spare: spare}, nil
+	w := cs.WString
+	if cs.WNumberSet {
+		w = strconv.Itoa(cs.WNumber)
+	}
+	return &backend{uri: u.String(), dbName: db, addr: strings.Join(cs.Hosts, ","), wSet: w != "", w: w, opts: opts, keep: keep, spare: spare}, nil
 }
 
 // quiet is a driver log sink that drops everything.

@@ -547,8 +547,7 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 			return nil, b.failed(err)
 		case standby:
 			b.drop()
-			return nil, lock.Errorf(lock.ErrRefused, "postgres at %s is a hot standby, where a lock excludes nobody on the primary; "+
-				"point withlock at the primary, or add target_session_attrs=read-write to a URL that lists every host", b.addr)
+			return nil, b.standby()
 		case shared != nil:
 			b.drop() // a session pool must not keep a server session for a refused client
 			return nil, b.pooler(*shared)
@@ -607,8 +606,8 @@ func (b *backend) record(name string, at *time.Time) string {
 
 // pooler is the refusal of a server session that other clients share.
 func (b *backend) pooler(why string) error {
-	return lock.Errorf(lock.ErrRefused, "postgres at %s shares server sessions between clients (%s), so a lock there excludes nobody: "+
-		"a pooler in transaction or statement mode? Use a session-mode pool (PgBouncer pool_mode=session) or connect to the server directly", b.addr, why)
+	return lock.Unsafe(fmt.Sprintf("postgres at %s shares server sessions between clients (%s), as a pooler in transaction or statement mode does, so a lock there excludes nobody", b.addr, why),
+		"use a session-mode pool (PgBouncer pool_mode=session) or connect to the server directly")
 }
 
 // drop ends the connection, and with it any lock it holds.

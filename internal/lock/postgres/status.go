@@ -220,10 +220,11 @@ func (s *semaphore) nameArgs() []any {
 	return []any{int64(uint32(s.k1)), int64(uint32(s.k2)), s.slotHi, s.slotMid, s.markHi, s.markMid}
 }
 
-// standby is the refusal of a hot standby.
+// standby is the refusal of a hot standby, by acquisition, status, release
+// --force and withlock check alike.
 func (b *backend) standby() error {
-	return lock.Errorf(lock.ErrRefused, "postgres at %s is a hot standby, where a lock excludes nobody on the primary; "+
-		"point withlock at the primary, or add target_session_attrs=read-write to a URL that lists every host", b.addr)
+	return lock.Unsafe(fmt.Sprintf("postgres at %s is a hot standby, where a lock excludes nobody on the primary", b.addr),
+		"point withlock at the primary, or add target_session_attrs=read-write to a URL that lists every host")
 }
 
 // Inspect returns name's holders: the sessions that hold its keys, or one
