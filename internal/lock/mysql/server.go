@@ -146,6 +146,9 @@ func (s Server) Refusal(addr string) error {
 	if what == "" {
 		return nil
 	}
+	if kind == lock.ErrRefused {
+		return lock.Unsafe(fmt.Sprintf("mysql at %s %s", addr, what), fix)
+	}
 	return lock.Errorf(kind, "mysql at %s %s; %s", addr, what, fix)
 }
 
