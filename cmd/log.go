@@ -77,9 +77,15 @@ func (h *textHandler) WithGroup(string) slog.Handler { return h }
 // redactor hides secrets in everything written through it. Every line
 // withlock writes goes through one, so that no error message from a driver
 // can leak a password, wherever it came from.
+//
+// It also keeps the one status line a person at a terminal may see while
+// withlock waits (setLine): a message written meanwhile clears the line
+// first and draws it again after, so that the two never mix.
 type redactor struct {
 	w       io.Writer
 	secrets []string
+	mu      sync.Mutex
+	line    string // the status line on the terminal now, "" when none
 }
 
 // shortSecret is the length below which a secret is hidden only where it
@@ -89,7 +95,36 @@ type redactor struct {
 const shortSecret = 6
 
 func (r *redactor) Write(p []byte) (int, error) {
-	s := string(p)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.redact(string(p))
+	if r.line != "" {
+		s = clearLine + s + r.line
+	}
+	if _, err := io.WriteString(r.w, s); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// clearLine returns a terminal's cursor to the start of its line and
+// erases the line.
+const clearLine = "\r\x1b[K"
+
+// setLine shows line in place of the status line shown so far, or erases
+// it (line ""). Only for a terminal: see waitLine.
+func (r *redactor) setLine(line string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if line == "" && r.line == "" {
+		return
+	}
+	r.line = r.redact(line)
+	io.WriteString(r.w, clearLine+r.line)
+}
+
+// redact hides r's secrets in s.
+func (r *redactor) redact(s string) string {
 	for _, secret := range r.secrets {
 		// A secret that is not UTF-8 (?password=%D2) cannot be a regexp, and
 		// is hidden wherever it stands.
@@ -102,10 +137,7 @@ func (r *redactor) Write(p []byte) (int, error) {
 			prev, s = s, re.ReplaceAllString(s, "${1}xxxxx${2}")
 		}
 	}
-	if _, err := io.WriteString(r.w, s); err != nil {
-		return 0, err
-	}
-	return len(p), nil
+	return s
 }
 
 // urlSecrets returns the password of a backend URL, as written and

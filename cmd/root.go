@@ -21,6 +21,9 @@ func Main() int {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	env := &environment{stdout: stdout, stderr: &redactor{w: stderr}, logFormat: logFormatArg(args), conflictCode: exitNotAcquired}
+	if f, ok := stderr.(*os.File); ok {
+		env.terminal = terminalWidth(f)
+	}
 	root := newRootCmd(env)
 	root.SetArgs(args)
 	err := root.Execute()
@@ -47,6 +50,7 @@ type environment struct {
 	verbose      bool
 	conflictCode int
 	status       int
+	terminal     int // the width of the terminal stderr is, 0 when it is none
 }
 
 func (e *environment) logger() *slog.Logger {

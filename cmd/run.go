@@ -219,7 +219,16 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 	}
 	defer client.Close()
 
+	var stopLine func()
+	if env.terminal > 0 && env.logFormat == "text" && !env.verbose && !f.noWait {
+		stopLine = startWaitLine(env.stderr, func() (*lock.Client, error) {
+			return lock.Open(dbURL, lock.Options{ConnectTimeout: f.connectTimeout, Holder: opts.Holder, Log: quietLogger})
+		}, name, env.terminal)
+	}
 	held, err := acquire(client, name, f.timeout, sigs)
+	if stopLine != nil {
+		stopLine()
+	}
 	if err != nil {
 		return 0, err
 	}
