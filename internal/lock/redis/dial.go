@@ -184,3 +184,13 @@ func (c *plainConn) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// SyscallConn gives go-redis the socket, as a plain TCP connection does, so
+// that it still finds an idle pooled connection that the server closed
+// before using it.
+func (c *plainConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
+}
