@@ -474,3 +474,48 @@ func TestOneDial(t *testing.T) {
 		})
 	}
 }
+
+// TestFullServer: on a server at maxmemory with noeviction, holders in every
+// mode still renew and release, while taking a lock is an outage.
+func TestFullServer(t *testing.T) {
+	r := testenv.RequireRedis(t)
+	ctx := locktest.Context(t)
+	var leases []lock.Lease
+	var keys []string
+	for _, opts := range []lock.Options{{}, {Mode: lock.Shared}, {Mode: lock.Semaphore, MaxHolders: 3}} {
+		name := locktest.Name(t) + "-" + string(opts.Mode)
+		keys = append(keys, redis.Key(name))
+		for range 2 {
+			l, err := locktest.Open(t, r.URL, opts).TryAcquire(ctx, name)
+			if opts.Mode == "" && err != nil {
+				break // the exclusive lock's second holder
+			}
+			if err != nil {
+				t.Fatalf("%s: TryAcquire: %v", name, err)
+			}
+			leases = append(leases, l)
+		}
+	}
+	do(t, r.URL, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+	do(t, r.URL, "CONFIG", "SET", "maxmemory", "1")
+	if _, err := testenv.RedisDo(ctx, r.URL, "SET", "k", "v"); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		t.Fatalf("SET on the full server: %v; want OOM", err)
+	}
+	for i, l := range leases {
+		if err := l.Keep(ctx); err != nil {
+			t.Errorf("holder %d: Keep on the full server: %v", i, err)
+		}
+	}
+	_, err := locktest.Open(t, r.URL, lock.Options{}).TryAcquire(ctx, locktest.Name(t)+"-new")
+	if !errors.Is(err, lock.ErrUnavailable) || !strings.Contains(err.Error(), "OOM") {
+		t.Errorf("TryAcquire on the full server: %v; want ErrUnavailable (OOM)", err)
+	}
+	for i, l := range leases {
+		if err := l.Release(ctx); err != nil {
+			t.Errorf("holder %d: Release on the full server: %v", i, err)
+		}
+	}
+	if n := do(t, r.URL, append([]string{"EXISTS"}, keys...)...); n != "0" {
+		t.Errorf("%s of the locks %q left after every holder's release", n, keys)
+	}
+}
