@@ -243,6 +243,7 @@ func TestScripts(t *testing.T) {
 				return "", nil, err
 			}
 			e.Setenv("CLOSED", "redis://:hunter22@127.0.0.1:1/0")
+			e.Setenv("DBHOSTPORT", fmt.Sprintf("127.0.0.1:%d", r.Port))
 			return r.URL, r, nil
 		}},
 		{"etcd", func(t *testing.T) { testenv.RequireEtcd(t) }, func(e *testscript.Env) (string, server, error) {
@@ -411,6 +412,7 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			"mysqlrepl":  cmdMysqlrepl,
 			"kubeget":    cmdKubeget,
 			"kubesa":     cmdKubesa,
+			"rediscmd":   cmdRediscmd,
 		},
 	}
 }
@@ -906,6 +908,29 @@ func cmdWaiters(ts *testscript.TestScript, neg bool, args []string) {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// rediscmd ARG... runs one command on $DB's Redis server (as its admin)
+// and writes the reply to stdout, an array one element a line; "! rediscmd"
+// expects an error reply, written to stderr. $DBHOSTPORT is the server's
+// address, for URLs of other users.
+func cmdRediscmd(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) == 0 || ts.Getenv("BACKEND") != "redis" {
+		ts.Fatalf("usage: rediscmd ARG... (Redis only)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reply, err := testenv.RedisDo(ctx, ts.Getenv("DB"), args...)
+	switch {
+	case err != nil && !neg:
+		ts.Fatalf("rediscmd %s: %v", args[0], err)
+	case err == nil && neg:
+		ts.Fatalf("rediscmd %s: %q, want an error", args[0], reply)
+	case err != nil:
+		fmt.Fprintln(ts.Stderr(), err)
+	default:
+		fmt.Fprintln(ts.Stdout(), reply)
 	}
 }
 

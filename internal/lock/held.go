@@ -15,6 +15,14 @@ import (
 // session or lease anyway.
 const releaseTimeout = 5 * time.Second
 
+// abandonTimeout bounds the release of a lock given up because the server
+// stopped answering. A renewal sent before a stall may still be applied
+// when the server wakes, leaving a lease that outlives its holder by up to
+// a ttl; a server that answers again by the time the command has stopped
+// frees it at once instead. One that does not is not waited for: the lease
+// ends on its own.
+const abandonTimeout = 2 * time.Second
+
 // Held is a lock taken by Acquire. A goroutine keeps it alive (renews the
 // lease or checks the session every TTL/3) until Release.
 type Held struct {
@@ -26,6 +34,10 @@ type Held struct {
 
 	lost    chan struct{} // closed when the lock is given up for lost
 	lostErr error         // why; written before lost is closed
+	// unanswered says that the lock was given up because no Keep got an
+	// answer in time, not because it is known gone: it may still be ours
+	// (written before lost is closed).
+	unanswered bool
 
 	// stopKeeping ends the keep loop's waits: no new Keep starts. It does
 	// not interrupt a Keep in flight, which may be using the very
@@ -127,6 +139,7 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 				h.giveUp(Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", (h.opts.TTL - h.opts.Grace).Round(time.Millisecond), now.Sub(lastOK).Round(time.Millisecond)))
 				return
 			}
+			h.unanswered = true
 			h.giveUp(Errorf(ErrLost, "could not confirm it for %s (last error: %v)", (h.opts.TTL - h.opts.Grace).Round(time.Millisecond), lastErr))
 			return
 		}
@@ -188,7 +201,9 @@ func (h *Held) giveUp(err error) {
 // can let the lease linger is told so and Release returns at once; otherwise
 // Release waits, still keeping the lock, and returns early, releasing, if
 // ctx ends). A Keep in flight is let finish first, and the release itself
-// is bounded by its own timeout. A lock already lost is not released again.
+// is bounded by its own timeout. A lock known gone is not released again;
+// one given up because the server stopped answering gets one short try,
+// whose failure is not reported.
 // Release may be called more than once; later calls return the first
 // result.
 func (h *Held) Release(ctx context.Context) error {
@@ -230,6 +245,14 @@ func (h *Held) release(ctx context.Context) error {
 	h.abortKeep()
 	if err := h.Err(); err != nil {
 		h.log.Debug("lost before it could be released", "err", err)
+		if h.unanswered {
+			// Release acts only for this holder, so trying costs no one
+			// else their lock; its failure changes nothing.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
+			err := h.lease.Release(actx)
+			cancel()
+			h.log.Debug("released the lock given up for lost, if it was still ours", "err", err)
+		}
 		return nil
 	}
 

@@ -65,8 +65,10 @@ func TestLostWhenKeepCannotTell(t *testing.T) {
 	if err := h.Release(testCtx(t)); err != nil {
 		t.Errorf("Release after loss: %v", err)
 	}
-	if n := l.releases.Load(); n != 0 {
-		t.Errorf("the lease was released %d times after its loss; a lost lock is not released", n)
+	// Unanswered is not known gone: a renewal the server applies late may
+	// have kept the lease, which one release of its own frees.
+	if n := l.releases.Load(); n != 1 {
+		t.Errorf("the lease was released %d times after it was given up for lack of answers; want one try", n)
 	}
 }
 

@@ -140,6 +140,7 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 		ropts.TLSConfig.RootCAs, ropts.TLSConfig.Certificates = files.RootCAs, files.Certificates
 	}
 	ropts.DialTimeout = min(maxDial, opts.ConnectTimeout)
+	ropts.Dialer = dialer(ropts.TLSConfig, ropts.DialTimeout)
 	// Every command is bounded by its context: the wait and keep loops in
 	// package lock decide how long to wait and when to retry.
 	ropts.ContextTimeoutEnabled = true
@@ -176,7 +177,7 @@ const closeTimeout = time.Second
 func (b *backend) Close() error {
 	if b.marked != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		unmarkScript().Run(ctx, b.client, []string{WriterKey(b.marked), Channel(b.marked)}, b.id)
+		unmarkScript.get().Run(ctx, b.client, []string{WriterKey(b.marked), Channel(b.marked)}, b.id)
 		cancel()
 		b.marked = ""
 	}
@@ -194,15 +195,16 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	if !b.opts.NoWait {
 		mark = markTTL.Milliseconds()
 	}
-	cmd, acks, err := b.run(ctx, acquireScript(), []string{Key(name), FenceKey(name), FreshKey, WriterKey(name)},
+	keys := []string{Key(name), FenceKey(name), FreshKey, WriterKey(name)}
+	cmd, acks, err := b.run(ctx, acquireScript, keys,
 		token, b.opts.TTL.Milliseconds(), string(b.opts.Mode), b.opts.MaxHolders, b.record, b.id, mark)
 	if err != nil {
 		if cmd.Err() == nil {
 			// The lease may be ours but WAIT did not answer: give it back
 			// if the connection still lets us.
-			releaseScript().Run(ctx, b.client, []string{Key(name), Channel(name)}, token)
+			releaseScript.get().Run(ctx, b.client, []string{Key(name), Channel(name)}, token)
 		}
-		return nil, b.classify(err)
+		return nil, b.classifyIn(err, acquireScript, keys...)
 	}
 	reply, err := cmd.Slice()
 	if err != nil || len(reply) < 2 {
@@ -289,11 +291,12 @@ func (e unsettledError) Error() string            { return e.msg }
 func (e unsettledError) Unwrap() error            { return lock.ErrUnsettled }
 func (e unsettledError) Remaining() time.Duration { return e.remaining }
 
-// run runs script with keys and args, followed on the same connection by
+// run runs ls with keys and args, followed on the same connection by
 // WAIT when the URL asks for replicas, in one round trip. acks is how many
 // replicas acknowledged, or -1 without WAIT. A non-nil err with a nil
 // cmd.Err() means that the script ran but WAIT failed.
-func (b *backend) run(ctx context.Context, s *goredis.Script, keys []string, args ...any) (cmd *goredis.Cmd, acks int64, err error) {
+func (b *backend) run(ctx context.Context, ls *luaScript, keys []string, args ...any) (cmd *goredis.Cmd, acks int64, err error) {
+	s := ls.get()
 	if b.waitReplicas == 0 {
 		cmd = s.Run(ctx, b.client, keys, args...)
 		return cmd, -1, cmd.Err()
@@ -342,7 +345,7 @@ func (b *backend) Notify(ctx context.Context, name string) (<-chan struct{}, fun
 	sub := b.client.Subscribe(ctx, Channel(name))
 	if _, err := sub.Receive(ctx); err != nil {
 		sub.Close()
-		return nil, nil, b.classify(err)
+		return nil, nil, b.classifyIn(err, nil, Channel(name))
 	}
 	released := make(chan struct{}, 1)
 	stop := make(chan struct{})
@@ -375,11 +378,21 @@ var transient = []string{"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDO
 // error replies are refusals unless they are transient; anything that went
 // wrong on the way (refused, reset or cut connections, timeouts, a TLS
 // handshake cut short) is ErrUnavailable, unless the TLS peer answered and
-// refused us (certificate, not a TLS server, an alert).
-func (b *backend) classify(err error) error {
+// refused us (certificate, not a TLS server, an alert) or the port speaks
+// the other protocol than the URL's scheme. An ACL refusal says what was
+// refused and the rule that allows it.
+func (b *backend) classify(err error) error { return b.classifyIn(err, nil) }
+
+// classifyIn is classify for an error of the script s (nil: of another
+// command) run with keys, which name what an ACL refused.
+func (b *backend) classifyIn(err error, s *luaScript, keys ...string) error {
 	var reply goredis.Error
 	if errors.As(err, &reply) {
 		msg := reply.Error()
+		if what := aclRefusal(msg, s, keys); what != "" {
+			msg, _, _ = strings.Cut(msg, " script: ")
+			return lock.Errorf(lock.ErrRefused, "redis at %s: %s (%s)", b.addr, what, strings.TrimSuffix(msg, "."))
+		}
 		switch {
 		case strings.HasPrefix(msg, "READONLY"):
 			return lock.Errorf(lock.ErrRefused, "redis at %s is a replica, where a lock excludes nobody; point withlock at the primary (%s)", b.addr, msg)
@@ -387,6 +400,10 @@ func (b *backend) classify(err error) error {
 			return lock.Errorf(lock.ErrUnavailable, "redis at %s is not ready (%s)", b.addr, msg)
 		}
 		return lock.Errorf(lock.ErrRefused, "redis at %s refused: %s", b.addr, msg)
+	}
+	var wrong wrongProtocolError
+	if errors.As(err, &wrong) {
+		return lock.Errorf(lock.ErrRefused, "%v", wrong)
 	}
 	if tlsRefusal(err) {
 		return lock.Errorf(lock.ErrRefused, "redis at %s: %v", b.addr, err)
@@ -432,18 +449,15 @@ func (l *lease) Token() int64 { return l.fence }
 // Keep renews the lease for another TTL, judged by the server's clock. With
 // wait_replicas, a renewal counts only once the replicas have it.
 func (l *lease) Keep(ctx context.Context) error {
-	cmd, acks, err := l.b.run(ctx, renewScript(), []string{Key(l.name)}, l.token, l.b.opts.TTL.Milliseconds())
+	cmd, acks, err := l.b.run(ctx, renewScript, []string{Key(l.name)}, l.token, l.b.opts.TTL.Milliseconds())
 	if err != nil {
 		if goredis.HasErrorPrefix(err, "READONLY") {
 			return lock.Errorf(lock.ErrLost, "redis at %s became a replica (a failover?), where the lease can no longer be renewed", l.b.addr)
 		}
-		return l.b.classify(err)
+		return l.b.classifyIn(err, renewScript, Key(l.name))
 	}
-	switch n, _ := cmd.Int64(); n {
-	case 0:
-		return lock.Errorf(lock.ErrLost, "the lease key %s expired, was deleted or was taken by another holder", Key(l.name))
-	case -1:
-		return lock.Errorf(lock.ErrLost, "redis at %s became a replica (a failover?), where the lease can no longer be renewed", l.b.addr)
+	if err := l.renewed(cmd.Val()); err != nil {
+		return err
 	}
 	if acks >= 0 && acks < int64(l.b.waitReplicas) {
 		return lock.Errorf(lock.ErrUnavailable, "redis at %s: %d of the %d replicas that wait_replicas asks for acknowledged the renewal", l.b.addr, acks, l.b.waitReplicas)
@@ -451,15 +465,26 @@ func (l *lease) Keep(ctx context.Context) error {
 	return nil
 }
 
+// Release deletes this holder's place. It frees the lock even when the user
+// may not publish the release to the waiters: they poll.
 func (l *lease) Release(ctx context.Context) error {
-	n, err := releaseScript().Run(ctx, l.b.client, []string{Key(l.name), Channel(l.name)}, l.token).Int64()
+	reply, err := releaseScript.get().Run(ctx, l.b.client, []string{Key(l.name), Channel(l.name)}, l.token).Result()
 	if err != nil {
-		return l.b.classify(err)
+		return l.b.classifyIn(err, releaseScript, Key(l.name), Channel(l.name))
 	}
-	if n == 0 {
-		return errors.New("redis: the lease was no longer ours at release")
+	switch r := reply.(type) {
+	case int64:
+		if r == 0 {
+			return errors.New("redis: the lease was no longer ours at release")
+		}
+		return nil
+	case []any:
+		if len(r) == 2 && r[0] == int64(2) {
+			l.b.opts.Log.Debug("released; the waiters were not told, and find out at their next poll", "lock", l.name, "publish", r[1])
+			return nil
+		}
 	}
-	return nil
+	return l.b.unexpected("release", reply)
 }
 
 // ReleaseAt lets the lease run out at until instead of deleting it now. The
@@ -469,12 +494,35 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	if left < time.Millisecond {
 		return l.Release(ctx)
 	}
-	n, err := renewScript().Run(ctx, l.b.client, []string{Key(l.name)}, l.token, left.Milliseconds()).Int64()
+	reply, err := renewScript.get().Run(ctx, l.b.client, []string{Key(l.name)}, l.token, left.Milliseconds()).Result()
 	if err != nil {
-		return l.b.classify(err)
+		return l.b.classifyIn(err, renewScript, Key(l.name))
 	}
-	if n != 1 {
-		return errors.New("redis: the lease was no longer ours at release")
+	if err := l.renewed(reply); err != nil {
+		return fmt.Errorf("redis: the lease was no longer ours at release: %v", err)
 	}
 	return nil
+}
+
+// renewed sorts the reply of the renew script: nil when it renewed,
+// ErrLost when the lease is no longer ours, saying why it may be gone.
+func (l *lease) renewed(reply any) error {
+	switch r := reply.(type) {
+	case int64:
+		switch r {
+		case 1:
+			return nil
+		case -1:
+			return lock.Errorf(lock.ErrLost, "redis at %s became a replica (a failover?), where the lease can no longer be renewed", l.b.addr)
+		}
+	case []any:
+		if len(r) == 2 {
+			// An evicted lease is one that another may have taken.
+			return lock.Errorf(lock.ErrLost, "the lease key %s is gone: redis at %s evicts keys when full (maxmemory-policy %v), which may be why; set noeviction", Key(l.name), l.b.addr, r[1])
+		}
+		if len(r) == 1 {
+			return lock.Errorf(lock.ErrLost, "the lease key %s expired, was deleted or was taken by another holder", Key(l.name))
+		}
+	}
+	return l.b.unexpected("renew", reply)
 }

@@ -463,11 +463,59 @@ func TestCutConnections(t *testing.T) {
 }
 
 // TestOneDial: one attempt is one connection; withlock's wait loop, not the
-// driver, tries again.
+// driver, tries again. A server that closes a plaintext connection without
+// a word is asked once whether it expects TLS: that question (a TLS
+// ClientHello, whose first byte is 22) is no attempt.
 func TestOneDial(t *testing.T) {
 	for _, scheme := range []string{"redis", "rediss"} {
 		t.Run(scheme, func(t *testing.T) {
-			locktest.RunOneDial(t, func(hostport string) string { return scheme + "://" + hostport + "/0" }, nil)
+			probe := func(first []byte) bool { return scheme == "redis" && len(first) > 0 && first[0] == 22 }
+			locktest.RunOneDial(t, func(hostport string) string { return scheme + "://" + hostport + "/0" }, probe)
 		})
+	}
+}
+
+// TestFullServer: on a server at maxmemory with noeviction, holders in every
+// mode still renew and release, while taking a lock is an outage.
+func TestFullServer(t *testing.T) {
+	r := testenv.RequireRedis(t)
+	ctx := locktest.Context(t)
+	var leases []lock.Lease
+	var keys []string
+	for _, opts := range []lock.Options{{}, {Mode: lock.Shared}, {Mode: lock.Semaphore, MaxHolders: 3}} {
+		name := locktest.Name(t) + "-" + string(opts.Mode)
+		keys = append(keys, redis.Key(name))
+		for range 2 {
+			l, err := locktest.Open(t, r.URL, opts).TryAcquire(ctx, name)
+			if opts.Mode == "" && err != nil {
+				break // the exclusive lock's second holder
+			}
+			if err != nil {
+				t.Fatalf("%s: TryAcquire: %v", name, err)
+			}
+			leases = append(leases, l)
+		}
+	}
+	do(t, r.URL, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+	do(t, r.URL, "CONFIG", "SET", "maxmemory", "1")
+	if _, err := testenv.RedisDo(ctx, r.URL, "SET", "k", "v"); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		t.Fatalf("SET on the full server: %v; want OOM", err)
+	}
+	for i, l := range leases {
+		if err := l.Keep(ctx); err != nil {
+			t.Errorf("holder %d: Keep on the full server: %v", i, err)
+		}
+	}
+	_, err := locktest.Open(t, r.URL, lock.Options{}).TryAcquire(ctx, locktest.Name(t)+"-new")
+	if !errors.Is(err, lock.ErrUnavailable) || !strings.Contains(err.Error(), "OOM") {
+		t.Errorf("TryAcquire on the full server: %v; want ErrUnavailable (OOM)", err)
+	}
+	for i, l := range leases {
+		if err := l.Release(ctx); err != nil {
+			t.Errorf("holder %d: Release on the full server: %v", i, err)
+		}
+	}
+	if n := do(t, r.URL, append([]string{"EXISTS"}, keys...)...); n != "0" {
+		t.Errorf("%s of the locks %q left after every holder's release", n, keys)
 	}
 }

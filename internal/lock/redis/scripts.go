@@ -27,8 +27,17 @@ import (
 // scripts that use them only as their effects.
 //
 // A script that fails half-way keeps the writes it made (Redis has no
-// rollback): so a script that publishes does so before it deletes, and a
-// user who may not publish (an ACL) gets an error and changes nothing.
+// rollback). A script that frees a lock deletes first and publishes last,
+// with redis.pcall: a user who may not publish (Redis 7's default
+// acl-pubsub-default resetchannels, or -@pubsub) still frees it, and its
+// waiters, who could not subscribe either, find out by polling.
+//
+// A server at maxmemory with noeviction refuses, in a script, the first
+// write that may grow memory (HSET, SET) unless the script has already
+// written. Renewing and releasing must work there, or every holder would
+// lose its lock at once: release only deletes, and renew sets the key's
+// expiry (never refused) before it rewrites its own field. Taking a lock
+// may be refused there, as an outage.
 
 // luaCommon are the helpers every script below starts with.
 const luaCommon = `
@@ -79,10 +88,17 @@ const (
 	replyForeign  = 5 // {5, the key's type, its PTTL}: not a lock of this withlock
 )
 
-// script is a Lua script whose SHA-1 is worked out at first use rather
-// than at package init, which every withlock start pays (SPEC §11).
-func script(src string) func() *goredis.Script {
-	return sync.OnceValue(func() *goredis.Script { return goredis.NewScript(src) })
+// luaScript is one of the scripts below: its source, kept to tell which of
+// its commands an ACL refused, and the script, whose SHA-1 is worked out at
+// first use rather than at package init, which every withlock start pays.
+type luaScript struct {
+	name string // as messages call it: "the acquire script"
+	src  string
+	get  func() *goredis.Script
+}
+
+func script(name, src string) *luaScript {
+	return &luaScript{name: name, src: src, get: sync.OnceValue(func() *goredis.Script { return goredis.NewScript(src) })}
 }
 
 var (
@@ -106,8 +122,8 @@ var (
 	// shared or semaphore holders leaves the writer mark, which new shared
 	// and semaphore holders respect, so that a stream of them cannot starve
 	// it; the exclusive holder that takes the lock clears its own mark.
-	acquireScript = script(`
-if redis.replicate_commands then redis.replicate_commands() end` + luaCommon + `
+	acquireScript = script("acquire", `
+if redis.replicate_commands then redis.replicate_commands() end`+luaCommon+`
 local role = string.match(redis.call('INFO', 'replication'), 'role:([%w-]+)')
 if role and role ~= 'master' then
   return {3, role}
@@ -170,36 +186,47 @@ end
 return {1, fence}`)
 
 	// renew sets the end of the holder ARGV[1]'s lease to ARGV[2] ms from
-	// now, if it is still a holder. It returns 1 when it did, 0 when it is
-	// not a holder (its lease ended, was deleted or broken), and -1 on a
-	// replica: a failover demoted the server we hold the lease on.
-	renewScript = script(`
-if redis.replicate_commands then redis.replicate_commands() end` + luaCommon + `
+	// now, if it is still a holder. It returns 1 when it did, -1 on a
+	// replica (a failover demoted the server we hold the lease on), and
+	// {0} when it is not a holder (its lease ended, was deleted or broken),
+	// {0, policy} on a server that evicts keys when full, which may be why.
+	renewScript = script("renew", `
+if redis.replicate_commands then redis.replicate_commands() end`+luaCommon+`
 local role = string.match(redis.call('INFO', 'replication'), 'role:([%w-]+)')
 if role and role ~= 'master' then
   return -1
 end
+local function gone()
+  local info = redis.call('INFO', 'memory')
+  local max = tonumber(string.match(info, 'maxmemory:(%d+)'))
+  local policy = string.match(info, 'maxmemory_policy:([%w-]+)')
+  if max and max > 0 and policy and policy ~= 'noeviction' then
+    return {0, policy}
+  end
+  return {0}
+end
 local lock = KEYS[1]
 if kind(lock) ~= 'hash' then
-  return 0
+  return gone()
 end
 local now = clock()
 local n, first, last = prune(lock, now, ARGV[1])
 local mine = redis.call('HGET', lock, ARGV[1])
 if not mine then
-  return 0
+  return gone()
 end
 local ends = now + tonumber(ARGV[2])
-redis.call('HSET', lock, ARGV[1], num(ends) .. string.match(mine, '^%d+(.*)$'))
 redis.call('PEXPIREAT', lock, num(math.max(last, ends)))
+redis.call('HSET', lock, ARGV[1], num(ends) .. string.match(mine, '^%d+(.*)$'))
 return 1`)
 
 	// release removes the holder ARGV[1] if it is still one, deletes the
 	// lock when it was the last, and tells the waiters (KEYS[2] is the
 	// release channel): a freed semaphore slot or shared place is news to
-	// them too. It returns 1, or 0 when ARGV[1] was no longer a holder.
-	releaseScript = script(`
-if redis.replicate_commands then redis.replicate_commands() end` + luaCommon + `
+	// them too. It returns 1, 2 when it could not tell the waiters (the
+	// error of PUBLISH follows), or 0 when ARGV[1] was no longer a holder.
+	releaseScript = script("release", `
+if redis.replicate_commands then redis.replicate_commands() end`+luaCommon+`
 local lock = KEYS[1]
 if kind(lock) ~= 'hash' then
   return 0
@@ -208,20 +235,23 @@ local n = prune(lock, (clock()))
 if redis.call('HEXISTS', lock, ARGV[1]) == 0 then
   return 0
 end
-redis.call('PUBLISH', KEYS[2], '')
 if n == 1 then
   redis.call('DEL', lock)
 else
   redis.call('HDEL', lock, ARGV[1])
 end
+local told = redis.pcall('PUBLISH', KEYS[2], '')
+if type(told) == 'table' and told.err then
+  return {2, told.err}
+end
 return 1`)
 
 	// unmark deletes the writer mark KEYS[1] if this client (ARGV[1]) set
 	// it, and tells the waiters that shared holders may come in again.
-	unmarkScript = script(`
+	unmarkScript = script("unmark", `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PUBLISH', KEYS[2], '')
   redis.call('DEL', KEYS[1])
+  redis.pcall('PUBLISH', KEYS[2], '')
   return 1
 end
 return 0`)
@@ -232,8 +262,8 @@ return 0`)
 	// when it deleted one, and {2, type} for a key that is not a lease (a
 	// hash of this withlock, or a string with an expiry from an older one),
 	// which it leaves alone.
-	breakScript = script(`
-if redis.replicate_commands then redis.replicate_commands() end` + luaCommon + `
+	breakScript = script("break", `
+if redis.replicate_commands then redis.replicate_commands() end`+luaCommon+`
 local lock = KEYS[1]
 local k = kind(lock)
 if k == 'none' then
@@ -246,7 +276,8 @@ local fields = {}
 if k == 'hash' then
   fields = redis.call('HGETALL', lock)
 end
-redis.call('PUBLISH', KEYS[2], '')
+local now = clock()
 redis.call('DEL', lock)
-return {1, (clock()), k, fields}`)
+redis.pcall('PUBLISH', KEYS[2], '')
+return {1, now, k, fields}`)
 )

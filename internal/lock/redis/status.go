@@ -87,7 +87,7 @@ func (b *backend) inspect(ctx context.Context, keys []string) ([]lock.State, err
 		return nil
 	})
 	if err := now.Err(); err != nil {
-		return nil, b.classify(err)
+		return nil, b.classifyIn(err, nil, keys...)
 	}
 	states := make([]lock.State, len(keys))
 	for i, key := range keys {
@@ -190,9 +190,9 @@ func parseHolder(v string) (lock.Holder, bool) {
 // next renewal (within ttl/3) and stop. A key at withlock:NAME that is no
 // lease (no expiry, or not a string or hash) is left alone: ErrHeld.
 func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error) {
-	reply, err := breakScript().Run(ctx, b.client, []string{Key(name), Channel(name)}).Slice()
+	reply, err := breakScript.get().Run(ctx, b.client, []string{Key(name), Channel(name)}).Slice()
 	if err != nil {
-		return nil, b.classify(err)
+		return nil, b.classifyIn(err, breakScript, Key(name), Channel(name))
 	}
 	code, _ := reply[0].(int64)
 	switch {
