@@ -45,6 +45,9 @@ type RedisOptions struct {
 	// pair (server.crt and server.key in Dir) is one.
 	ClientCerts bool
 	ReplicaOf   *Redis // replicaof that server (without TLS)
+	// Cluster starts it in cluster mode, a cluster of this one node that
+	// serves every hash slot.
+	Cluster bool
 }
 
 // StartRedis starts a new redis-server on a free port.
@@ -84,6 +87,9 @@ func StartRedis(opts ...RedisOptions) (*Redis, error) {
 				conf += fmt.Sprintf("masterauth %q\n", password)
 			}
 		}
+		if o.Cluster {
+			conf += "cluster-enabled yes\ncluster-config-file nodes.conf\n"
+		}
 		r.URL = u.String()
 		os.WriteFile(filepath.Join(r.Dir, "redis.conf"), []byte(conf), 0o600)
 		return exec.Command(bin, "redis.conf")
@@ -96,6 +102,12 @@ func StartRedis(opts ...RedisOptions) (*Redis, error) {
 	}
 	if err := proc.launch(false); err != nil {
 		return nil, err
+	}
+	if o.Cluster {
+		if err := r.serveEverySlot(); err != nil {
+			r.Close()
+			return nil, err
+		}
 	}
 	if o.ReplicaOf == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -178,4 +190,25 @@ func redisText(reply any) string {
 		return "(nil)"
 	}
 	return fmt.Sprint(reply)
+}
+
+// serveEverySlot gives a cluster-mode server every hash slot and returns
+// once its cluster says it is ok.
+func (r *Redis) serveEverySlot() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := RedisDo(ctx, r.URL, "CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil {
+		return fmt.Errorf("testenv: redis cluster: %w", err)
+	}
+	for {
+		info, err := RedisDo(ctx, r.URL, "CLUSTER", "INFO")
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("testenv: redis cluster not ok within 30s: %v %s", err, info)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

@@ -259,7 +259,7 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 		return nil, b.tooYoung(name, time.Duration(up)*time.Second, time.Duration(wait)*time.Millisecond)
 	case replyReplica:
 		role, _ := reply[1].(string)
-		return nil, lock.Errorf(lock.ErrRefused, "redis at %s is a replica (role:%s), where a lock excludes nobody; point withlock at the primary", b.addr, role)
+		return nil, lock.Unsafe(fmt.Sprintf("redis at %s is a replica (role:%s), where a lock excludes nobody", b.addr, role), "point withlock at the primary")
 	}
 	return nil, lock.Errorf(lock.ErrRefused, "redis at %s: unexpected reply %v to the acquire script", b.addr, reply)
 }
@@ -395,7 +395,11 @@ func (b *backend) classifyIn(err error, s *luaScript, keys ...string) error {
 		}
 		switch {
 		case strings.HasPrefix(msg, "READONLY"):
-			return lock.Errorf(lock.ErrRefused, "redis at %s is a replica, where a lock excludes nobody; point withlock at the primary (%s)", b.addr, msg)
+			return lock.Unsafe(fmt.Sprintf("redis at %s is a replica (%s), where a lock excludes nobody", b.addr, msg), "point withlock at the primary")
+		case hasAnyPrefix(msg, []string{"CROSSSLOT", "MOVED", "ASK"}):
+			// One NAME's keys fall in different hash slots.
+			return lock.Unsafe(fmt.Sprintf("redis at %s is a node of a Redis Cluster (%s), where withlock cannot keep one lock's keys together", b.addr, msg),
+				"point withlock at a Redis server outside a cluster, or at a Sentinel-managed primary")
 		case hasAnyPrefix(msg, transient):
 			return lock.Errorf(lock.ErrUnavailable, "redis at %s is not ready (%s)", b.addr, msg)
 		}
