@@ -32,7 +32,7 @@ import (
 const (
 	overheadRuns   = 40
 	handoffTrials  = 20
-	contenders     = 16 // SPEC §11's contention goal
+	contenders     = 16 // a crowd of deploy pods or cron hosts
 	acquisitions   = 25
 	npmAcquisition = 5 // per contender: the npm withlock costs ~0.3s a run
 )
@@ -90,7 +90,7 @@ func run() error {
 	}
 	defer pg.Close()
 	// URLs as users write them: no sslmode (libpq's default, prefer), against
-	// a server without TLS and one with it (SPEC §11).
+	// a server without TLS and one with it.
 	pgTLS, err := testenv.StartPostgres()
 	if err != nil {
 		return err
@@ -293,7 +293,7 @@ func run() error {
 	}
 
 	// Memory: peak RSS of withlock while it holds the lock.
-	// A semaphore's holder too (SPEC §11: the same bound); a backend
+	// A semaphore's holder too (the same bound); a backend
 	// without semaphores yet says so instead of ending the run.
 	fmt.Println("\n## Memory: peak RSS of withlock holding a lock for 1s")
 	fmt.Println("\n| backend | peak RSS | holding a semaphore of 3 |")
@@ -448,7 +448,7 @@ func summarize(xs []float64) summary {
 func ms(s float64) string { return fmt.Sprintf("%.2f ms", s*1000) }
 
 // buildHello builds a static Go hello-world, the floor of any Go program's
-// start (SPEC §11: withlock version at most 1.5× it).
+// start, which withlock version is measured against.
 func buildHello(work string) (string, error) {
 	dir := filepath.Join(work, "hello")
 	os.MkdirAll(dir, 0o755)
