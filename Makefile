@@ -17,6 +17,7 @@ build:
 # release module's tests (they need Go modules only, not goreleaser).
 test: deps lint
 	go test -race -count=1 -timeout 30m ./...
+	cd internal/bench && go test -count=1 ./...
 	$(MAKE) test-release
 
 # internal/release: the image builder (built and read back); LICENSE in the
@@ -37,6 +38,7 @@ lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt -l:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	cd internal/release && go vet ./...
+	cd internal/bench && go vet ./...
 
 # Installs what the tests need (PostgreSQL, Redis, etcd, MariaDB, node/npm,
 # util-linux, systemd-analyze, man and groff) if missing; see CONTRIBUTING.md.
@@ -45,10 +47,11 @@ deps:
 
 # Benchmarks, not part of test: Go micro-benchmarks of the hot paths, then
 # whole-process figures side by side with flock, psql, etcdctl lock and the npm withlock
-# (internal/bench starts its own servers; it installs hyperfine if missing).
+# (internal/bench, a module of its own, starts its own servers and installs
+# hyperfine if missing). It writes docs/performance.md and its SVG charts.
 bench: deps
 	go test -run '^$$' -bench . -benchtime 200x -count 5 ./internal/lock/...
-	go run ./internal/bench
+	cd internal/bench && go run . -doc ../../docs/performance.md
 
 # The stress test, not part of test (which runs a few seconds of it per
 # backend and mode): 16 contenders take one lock STRESS_RUNS times per

@@ -1,7 +1,11 @@
 // Command bench measures withlock side by side with flock(1), psql, etcdctl
 // lock and the npm package advisory-lock's withlock, in one run so that the
 // ratios hold on a noisy machine. It starts its own servers as the tests do,
-// and prints one Markdown table per figure. Run it with `make bench`.
+// and prints one Markdown table per figure. Run it with `make bench`, which
+// passes -doc ../../docs/performance.md: the page then holds this run's
+// tables, when and where they were measured, and charts of the hand-off and
+// the contention (report.go). It runs from its own directory, in a module
+// of its own, so that the plotting library stays out of the product.
 //
 // Tools: hyperfine (whole-process wall time), /usr/bin/time -v (peak RSS);
 // both are installed with apt-get when missing and run as root.
@@ -43,14 +47,38 @@ var (
 	onlyHandoff  = flag.Bool("handoff", false, "measure only the hand-off table")
 	onlyInit     = flag.Bool("init", false, "measure only package initialisation, by module")
 	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
+	doc          = flag.String("doc", "", "write the run's tables and charts to this Markdown file (make bench: docs/performance.md)")
 )
 
 func main() {
 	flag.Parse()
-	if err := run(); err != nil {
+	if err := runDoc(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// runDoc runs the benchmarks and, with -doc, writes what they printed to
+// the page, once the whole run has succeeded.
+func runDoc() error {
+	if *doc == "" {
+		return run()
+	}
+	if *onlyWaiting || *onlyHandoff || *onlyInit {
+		return errors.New("-doc takes the whole run, not -waiting, -handoff or -init")
+	}
+	var out bytes.Buffer
+	restore, err := teeStdout(&out)
+	if err != nil {
+		return err
+	}
+	started := time.Now()
+	err = run()
+	restore()
+	if err != nil {
+		return err
+	}
+	return writeDoc(*doc, out.String(), collected, started)
 }
 
 type contender struct {
@@ -71,6 +99,7 @@ func run() error {
 	if wl == "" {
 		wl = filepath.Join(work, "withlock")
 		build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", wl, ".")
+		build.Dir = filepath.Join("..", "..") // the product, from internal/bench
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		build.Stderr = os.Stderr
 		if err := build.Run(); err != nil {
@@ -258,6 +287,7 @@ func run() error {
 	}
 	for _, n := range order {
 		fmt.Printf("| %s | %s | %s | %.2f× |\n", n, ms(hand[n].median), ms(hand[n].p90), hand[n].median/hand["flock"].median)
+		collected.handoff = append(collected.handoff, bars{n, []float64{hand[n].median * 1000, hand[n].p90 * 1000}})
 	}
 	if *onlyHandoff {
 		return nil
@@ -290,6 +320,7 @@ func run() error {
 			return fmt.Errorf("%s: %w", c.name, err)
 		}
 		fmt.Printf("| %s | %.1f | %d |\n", c.name, rate, overlaps)
+		collected.contention = append(collected.contention, bars{c.name, []float64{rate}})
 	}
 
 	// Memory: peak RSS of withlock while it holds the lock.
