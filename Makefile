@@ -17,10 +17,14 @@ build:
 # release module's tests (they need Go modules only, not goreleaser).
 test: deps lint
 	go test -race -count=1 -timeout 30m ./...
+	cd internal/bench && go test -count=1 ./...
 	$(MAKE) test-release
 
-# The image builder (built and read back) and examples/ (k8s manifests decoded
-# strictly, systemd units verified, every command line run): internal/release.
+# internal/release: the image builder (built and read back); LICENSE in the
+# archives and packages (.goreleaser.yaml); examples/ (k8s manifests decoded
+# strictly, systemd units verified with KillMode=mixed, every command line
+# run); and the docs (every link and anchor resolves, every flag documented,
+# every man page rendered by man -l without a warning).
 test-release:
 	cd internal/release && go test -count=1 ./...
 
@@ -34,31 +38,34 @@ lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt -l:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	cd internal/release && go vet ./...
+	cd internal/bench && go vet ./...
 
-# Installs what the tests need (PostgreSQL, Redis, etcd, MariaDB, node/npm, util-linux) if missing.
+# Installs what the tests need (PostgreSQL, Redis, etcd, MariaDB, node/npm,
+# util-linux, systemd-analyze, man and groff) if missing; see CONTRIBUTING.md.
 deps:
 	@bash scripts/test-deps
 
 # Benchmarks, not part of test: Go micro-benchmarks of the hot paths, then
 # whole-process figures side by side with flock, psql, etcdctl lock and the npm withlock
-# (internal/bench starts its own servers; it installs hyperfine if missing).
+# (internal/bench, a module of its own, starts its own servers and installs
+# hyperfine if missing). It writes docs/performance.md and its SVG charts.
 bench: deps
 	go test -run '^$$' -bench . -benchtime 200x -count 5 ./internal/lock/...
-	go run ./internal/bench
+	cd internal/bench && go run . -doc ../../docs/performance.md
 
-# The stress test of issues 15 and 13, not part of test (which runs a few
-# seconds of it per backend and mode): 16 contenders take one lock STRESS_RUNS
-# times per backend and mode (exclusive, a semaphore of 3, shared mixed with
+# The stress test, not part of test (which runs a few seconds of it per
+# backend and mode): 16 contenders take one lock STRESS_RUNS times per
+# backend and mode (exclusive, a semaphore of 3, shared mixed with
 # exclusive), through a proxy, while an injector cuts connections,
 # black-holes the network, restarts and freezes the server, and freezes
-# holders. One line per backend and mode at the end; see README, "Stress
-# test". Then issue 21's 100 waiters behind one holder per backend (make test
-# runs 10).
+# holders. One line per backend and mode at the end; see CONTRIBUTING.md,
+# "The stress test". Then 100 waiters behind one holder per backend (make
+# test runs 10).
 STRESS_RUNS ?= 1000
 stress: deps
 	go test -count=1 -v -timeout 90m -parallel 4 -run '^(TestStress|TestManyWaiters)$$' ./internal/stress -stress.long -stress.runs $(STRESS_RUNS) -stress.waiters 100
 
-# A snapshot release into dist/ (README, "Releasing"): goreleaser, pinned in
+# A snapshot release into dist/ (RELEASING.md): goreleaser, pinned in
 # internal/tools, builds the archives, checksums.txt and the .deb/.rpm/.apk;
 # then the OCI image is added (goreleaser builds images only with a Docker
 # engine) and the man pages are copied beside them.

@@ -8,8 +8,8 @@ import (
 
 // The withlock binary links neither gRPC, protobuf, zap nor the official
 // etcd client: Go initialises every linked package at start-up, so theirs
-// would run in every withlock process, whatever its backend (README,
-// Performance). Tests and test servers may use them.
+// would run in every withlock process, whatever its backend (docs/design.md,
+// "etcd and Kubernetes: clients of our own"). Tests and test servers may use them.
 func TestNoHeavyDependencies(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").Output()
 	if err != nil {

@@ -131,7 +131,7 @@ func expectStatus() {
 	}
 	if checked {
 		if line, ok := onlyOwnLines(stderr.String(), slices.Contains(os.Args, "--log-format=json") || isFlag(os.Args, "--log-format", "json")); !ok {
-			fmt.Fprintf(os.Stderr, "status: withlock's stderr has a line that is not its own (SPEC §8): %q\n", line)
+			fmt.Fprintf(os.Stderr, "status: withlock's stderr has a line that is not its own (docs/behaviour.md, Output): %q\n", line)
 			os.Exit(1)
 		}
 	}
@@ -142,7 +142,7 @@ func expectStatus() {
 // command never ran, so that its stderr is all withlock's own: usage (64),
 // unavailable (69), not acquired (75), a command that could not start
 // (126, 127). After others the command ran, and its stderr passes through
-// (SPEC §4): its own status, a lost lock (70; a shell says "Terminated"),
+// (docs/behaviour.md, Running the command): its own status, a lost lock (70; a shell says "Terminated"),
 // a signal (128+).
 func ownStatus(n int) bool {
 	return n == 64 || n == 69 || n == 75 || n == 126 || n == 127
@@ -158,8 +158,8 @@ func isFlag(args []string, flag, value string) bool {
 	return false
 }
 
-// onlyOwnLines checks that every line of stderr is withlock's own (SPEC
-// §8): prefixed "withlock: ", or with json a JSON object with time, level
+// onlyOwnLines checks that every line of stderr is withlock's own
+// (docs/behaviour.md, Output): prefixed "withlock: ", or with json a JSON object with time, level
 // and msg. It returns the first line that is not.
 func onlyOwnLines(stderr string, json bool) (string, bool) {
 	for _, line := range strings.Split(strings.TrimSuffix(stderr, "\n"), "\n") {
@@ -336,7 +336,7 @@ type scriptState struct {
 
 type stateKey struct{}
 
-// recordsN are the backends that record a semaphore's N (SPEC §12).
+// recordsN are the backends that record a semaphore's N (docs/modes.md).
 var recordsN = map[string]bool{"redis": true, "mongodb": true, "file": true, "postgres": true, "etcd": true, "k8s": true}
 
 // leaseBackends hold an expiring lease; the others a lock that lives with
@@ -1107,7 +1107,7 @@ func cmdKubeget(ts *testscript.TestScript, neg bool, args []string) {
 }
 
 // kubesa NAME FILE creates the service account NAME in $NS, binds it to the
-// README's Role on leases in $NS (and nothing else), and writes FILE, a
+// Role of docs/kubernetes.md on leases in $NS (and nothing else), and writes FILE, a
 // kubeconfig that reaches the API server (through the script's proxy) with
 // a real token of that account from the TokenRequest API, in $NS.
 func cmdKubesa(ts *testscript.TestScript, neg bool, args []string) {
@@ -1118,7 +1118,7 @@ func cmdKubesa(ts *testscript.TestScript, neg bool, args []string) {
 	ns := ts.Getenv("NS")
 	token, err := kp.kube.ServiceAccountToken(ns, args[0])
 	ts.Check(err)
-	// The README's Role and RoleBinding, verbatim but for the names.
+	// The Role and RoleBinding of docs/kubernetes.md, verbatim but for the names.
 	rbac := "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns
 	ts.Check(kp.kube.Do("POST", rbac+"/roles", map[string]any{
 		"metadata": map[string]any{"name": "withlock"},

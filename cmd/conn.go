@@ -39,7 +39,8 @@ func (f *connFlags) check() error {
 	return nil
 }
 
-// backendURL picks the URL by the SPEC's order of precedence, and hides its
+// backendURL picks the URL: --db, else $WITHLOCK_DB, else
+// $PG_CONNECTION_STRING (docs/behaviour.md, Choosing the backend), and hides its
 // password in everything written from then on.
 func (f *connFlags) backendURL(env *environment) (string, error) {
 	for _, u := range []string{f.db, os.Getenv("WITHLOCK_DB"), os.Getenv("PG_CONNECTION_STRING")} {

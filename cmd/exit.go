@@ -12,7 +12,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
-// Exit statuses of withlock's own outcomes (SPEC §7); otherwise withlock
+// Exit statuses of withlock's own outcomes (docs/behaviour.md, Exit
+// status); otherwise withlock
 // exits with the command's status.
 const (
 	exitUsage         = 64  // EX_USAGE

@@ -79,7 +79,7 @@ func FuzzOpenURL(f *testing.F) {
 
 // FuzzDurations runs withlock with fuzzed --ttl, --kill-after, --timeout
 // and --hold-at-least on a file:// lock: it never panics, exits 64 exactly
-// when SPEC §5 and §7 refuse the values (unparsable, negative, a ttl that
+// when the contract refuses the values (unparsable, negative, a ttl that
 // is not positive, a kill-after that is not shorter than the ttl), and
 // otherwise runs the command. `go test -fuzz FuzzDurations ./cmd/`
 // searches for more; the seeds run in make test.

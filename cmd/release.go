@@ -21,15 +21,42 @@ func newReleaseCmd(env *environment) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "release --force [flags] NAME",
 		Short: "Break NAME's lock, whoever holds it",
-		Long: `release --force breaks NAME's lock: PostgreSQL and MySQL terminate the
-holder's session, lease backends delete the lease, the file backend signals
-the local withlock that holds it. The holder sees the loss within ttl/3,
-stops its command and exits 70.
+		Long: `release --force breaks the lock of every current holder of NAME, in every
+mode. Each holder sees the loss, stops its command (TERM, then KILL after its
+--kill-after) and exits 70. --force is required: without it release changes
+nothing and exits 64. See who holds NAME first, with withlock status NAME.
 
-Exit status: 0 when NAME is no longer held by those who held it (it says on
-stderr whom it broke, or that nothing was held); 64 usage (including a
-missing --force); 69 backend unavailable or the break not allowed; 75 the
-lock could not be broken.`,
+HOW EACH BACKEND BREAKS A LOCK
+
+- PostgreSQL: ends the holders' sessions (pg_terminate_backend), found by
+  NAME's keys, whoever took them; everything else in those sessions ends
+  too. Needs the holders' role, pg_signal_backend or a superuser.
+- MySQL: ends the holders' sessions (KILL CONNECTION). Another user's
+  session needs CONNECTION_ADMIN or SUPER.
+- Redis: deletes NAME's hash of leases and wakes the waiters; the fencing
+  counter stays. Holders notice at their next renewal, within ttl/3.
+- MongoDB: inserts the next document of NAME's chain with no holders.
+  Holders notice at their next renewal.
+- etcd: revokes the holders' leases, which deletes their keys.
+- Kubernetes: clears the holder of NAME's Leases, keeping leaseTransitions.
+- file: signals the holding withlock on this host (signal 42), after
+  checking it is that withlock. A holder that is not a withlock (flock(1)),
+  or on another host, is left alone: exit 75.
+
+It waits up to --timeout for the holders to let go.
+
+ENVIRONMENT
+
+- WITHLOCK_DB, PG_CONNECTION_STRING: the backend URL when --db is not given.
+- SSL_CERT_FILE, SSL_CERT_DIR, KUBECONFIG: as for withlock(1).
+
+EXIT STATUS
+
+- 0: those who held NAME no longer do; it says on stderr whom it broke, or
+  that nothing was held.
+- 64: usage, including a missing --force.
+- 69: the backend is unavailable, or the break is not allowed.
+- 75: the lock could not be broken within --timeout.`,
 		Example: `  withlock status dbmigration            # see who holds it first
   withlock release --force dbmigration`,
 		Args:          cobra.ExactArgs(1),

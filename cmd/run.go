@@ -53,21 +53,108 @@ func newRunCmd(env *environment, use string) *cobra.Command {
 	c := &cobra.Command{
 		Use:   use,
 		Short: "Run COMMAND while holding the lock NAME",
-		Long: `withlock runs one command under a named lock held in a shared database, so that
+		Long: `withlock runs one command under a named lock held in a shared backend, so that
 across every host, pod and cron daemon at most one copy of it runs at a time.
+It waits for NAME (or gives up, with --no-wait or --timeout), runs COMMAND
+while it holds NAME, keeps the lock while COMMAND runs, and releases it when
+COMMAND exits. If the lock is lost, COMMAND is stopped; if withlock is
+killed, COMMAND dies with it. Flags may stand before or after NAME;
+everything after the first "--" is COMMAND, passed on verbatim. COMMAND gets
+withlock's stdin, stdout and stderr untouched, and withlock exits with its
+status. withlock says nothing when all goes well.
+
+BACKENDS
 
 The backend is a URL: --db, else $WITHLOCK_DB, else $PG_CONNECTION_STRING.
-Schemes: postgres://, postgresql://, mysql:// (MySQL and MariaDB: GET_LOCK,
-interoperable with the mysql client's), redis://, rediss://, mongodb://,
-mongodb+srv://, etcd://HOST:PORT[,HOST:PORT...], etcds:// (the keys of
-etcdctl lock NAME), k8s://[NAMESPACE], kubernetes:// (a Lease; the pod's
-service account, else the kubeconfig), file:///DIR. Everything after "--" is
-the command, passed on verbatim. On lease backends (Redis, MongoDB, etcd,
-Kubernetes) the command gets WITHLOCK_TOKEN, a fencing token.
+There is no default. A password in the URL never appears in any output.
 
-Exit status: the command's; 64 usage; 69 backend unavailable; 70 lock lost
-and command stopped; 75 not acquired (--conflict-exit-code); 126/127 command
-not executable/not found; 128+S stopped by signal S while waiting.`,
+- postgres://user:pass@host:5432/db, postgresql://...: a session advisory
+  lock on a dedicated connection, on the keys the npm package advisory-lock
+  uses. libpq's parameters (sslmode, sslrootcert, target_session_attrs...).
+  A hot standby, or a pooler in transaction mode, is refused (69).
+- mysql://user:pass@host:3306/db: GET_LOCK on a dedicated session, the lock
+  the mysql client's GET_LOCK takes on the same key. Parameters: tls
+  (true, skip-verify, preferred, false), cacert, cert, key. A read-only
+  server is refused (69). No --shared.
+- redis://user:pass@host:6379/db, rediss://...: a hash of leases judged by
+  the server's clock. Parameters: wait_replicas=N; with rediss://, cacert,
+  cert, key. A replica is refused (69).
+- mongodb://host/db, mongodb+srv://...: lease documents, written by insert
+  only, in the collection locks of the URL's database (default withlock).
+  The driver's parameters (tls, tlsCAFile, w...).
+- etcd://host:port[,host:port...], etcds://...: the keys of etcdctl lock
+  NAME, each on a lease. Parameters with etcds://: cacert, cert, key.
+- k8s://[NAMESPACE][?context=NAME], kubernetes://...: a
+  coordination.k8s.io/v1 Lease, with the pod's service account or the
+  kubeconfig. No --shared.
+- file:///DIR: flock(2) on DIR/NAME.lock, the lock flock(1) takes; one host.
+
+KEEPING THE LOCK
+
+Every ttl/3 withlock renews its lease (Redis, MongoDB, etcd, Kubernetes) or
+checks its session (PostgreSQL, MySQL, file). When the lock is known lost,
+withlock says so, sends TERM to COMMAND's process group, KILL after
+--kill-after, and exits 70; with --on-lost ignore it only warns. When the
+backend stops answering, TERM follows once no check has succeeded for ttl
+minus kill-after, and KILL by ttl, counted on withlock's own clock, so that
+COMMAND is gone before the backend lets anyone else in. Give every user of
+NAME the same --ttl. --hold-at-least keeps NAME held after a short COMMAND.
+
+--shared takes NAME in shared mode: any number of shared holders, none
+beside an exclusive one. --max-holders N makes NAME a semaphore of N
+holders; every holder of NAME gives the same N.
+
+ENVIRONMENT
+
+- WITHLOCK_DB: the backend URL when --db is not given.
+- PG_CONNECTION_STRING: the backend URL when neither --db nor WITHLOCK_DB
+  is given.
+- PGPASSWORD: the PostgreSQL password when the URL has none.
+- SSL_CERT_FILE, SSL_CERT_DIR: CA certificates to trust instead of the
+  system's, for every backend.
+- KUBECONFIG: the kubeconfig files for k8s://, colon-separated.
+- HTTPS_PROXY, NO_PROXY: the proxy for k8s://.
+
+COMMAND's environment is withlock's plus:
+
+- WITHLOCK_NAME: NAME.
+- WITHLOCK_TOKEN: a fencing token, an integer that grows with every
+  acquisition of NAME (Redis, MongoDB, etcd, Kubernetes).
+
+SIGNALS
+
+INT, TERM, HUP and QUIT while withlock waits stop the wait: COMMAND never
+runs, nothing stays queued, and withlock exits 128+S. Once COMMAND runs,
+INT, TERM, HUP, QUIT, USR1, USR2 and WINCH sent to withlock are forwarded
+to it, once each. A supervisor should signal withlock alone (systemd:
+KillMode=mixed). If withlock is killed, the kernel kills COMMAND too.
+
+EXIT STATUS
+
+- COMMAND's status: COMMAND ran; 128+S if it died of signal S.
+- 64: usage: missing NAME or COMMAND, an unknown flag, a bad URL,
+  duration or NAME, a mode the backend cannot do, another N than NAME's
+  holders use.
+- 69: the backend is unavailable: not reached within --connect-timeout,
+  or it refused (authentication, permission, TLS), or it cannot hold a
+  lock for everyone (a standby, a replica, a pooler in transaction mode).
+- 70: the lock was lost while COMMAND ran, and COMMAND was stopped.
+- 75: not acquired: held elsewhere with --no-wait, or --timeout passed
+  (see --conflict-exit-code).
+- 126, 127: COMMAND is not executable, or not found.
+- 128+S: withlock was stopped by signal S while waiting; COMMAND never ran.
+
+FILES
+
+- DIR/NAME.lock: file:///DIR's lock file (NAME escaped as %XX), and beside
+  it a semaphore's slots (NAME.lock.0...), shared holders' records and the
+  writer mark (NAME.lock.writer). Never deleted.
+- ~/.kube/config: the kubeconfig for k8s:// without $KUBECONFIG.
+- /var/run/secrets/kubernetes.io/serviceaccount: the pod's service account
+  for k8s://.
+- ~/.pgpass: PostgreSQL passwords, as libpq reads them.
+
+The documentation, one page per backend: https://github.com/withlock/withlock/tree/main/docs`,
 		Example:       examples,
 		Args:          cobra.ArbitraryArgs,
 		SilenceErrors: true,
@@ -151,7 +238,7 @@ func (f *runFlags) check() error {
 }
 
 // mode is the lock mode the flags ask for. A semaphore of 1 is an exclusive
-// lock (SPEC §12), and is taken as one, so that it excludes and is excluded
+// lock (docs/behaviour.md, Modes), and is taken as one, so that it excludes and is excluded
 // by plain exclusive holders.
 func (f *runFlags) mode() lock.Mode {
 	switch {

@@ -26,11 +26,44 @@ func newStatusCmd(env *environment) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "status [flags] [NAME]",
 		Short: "Show who holds NAME, or list every lock held",
-		Long: `status shows whether NAME is held, by whom (host, pid, command), since when
-and until when (lease backends), and with which fencing token. Without NAME
-it lists every lock the backend holds right now, one line each.
+		Long: `status shows whether NAME is held and, if so, by whom (every holder of a
+shared lock or semaphore: host, pid, command), since when, until when (lease
+backends) and with which fencing token; for a semaphore, its N. Without
+NAME it lists every lock held right now, one line each, including other
+tools' locks where the backend can see them: PostgreSQL advisory locks,
+MySQL GET_LOCKs on withlock's keys, etcdctl's keys, flock(1)'s lock files.
+It changes nothing.
 
-Exit status: 0 whether held or free; 64 usage; 69 backend unavailable.`,
+OUTPUT
+
+One line per lock on stdout. With --json, one JSON object per lock: name,
+backend, held, mode (exclusive, shared or semaphore), max_holders, holders
+(each with host, pid, command, acquired_at, expires_at and token), and the
+first holder's fields again at the top level. pid and token are integers,
+times RFC 3339 strings; a field the backend cannot know is null. When NAME
+is free, held is false and holders is empty.
+
+RIGHTS
+
+- PostgreSQL: anyone sees that a lock is held; its holder's command and
+  time need the holders' role, a superuser or pg_read_all_stats.
+- MySQL: anyone sees that NAME is held; the holder's record needs
+  performance_schema and SELECT on it; a list without NAME needs its
+  metadata_locks (or MariaDB's metadata_lock_info), else exit 64.
+- Redis: read on withlock:* keys; MongoDB: find on the locks collection;
+  etcd: read on NAME/ (every key, without NAME); Kubernetes: get and list on
+  leases; file: read DIR.
+
+ENVIRONMENT
+
+- WITHLOCK_DB, PG_CONNECTION_STRING: the backend URL when --db is not given.
+- SSL_CERT_FILE, SSL_CERT_DIR, KUBECONFIG: as for withlock(1).
+
+EXIT STATUS
+
+- 0: NAME is held or free; or the list was printed.
+- 64: usage: a bad URL or NAME, more than one NAME.
+- 69: the backend is unavailable, or refused.`,
 		Example: `  withlock status --db postgres://ops@db.internal/app dbmigration
   withlock status --json dbmigration | jq .holders
   withlock status --db redis://cache.internal`,
@@ -173,7 +206,8 @@ func describeHolder(h lock.Holder) string {
 
 func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
-// holderFields are the JSON fields of one holder (SPEC §10); null where the
+// holderFields are the JSON fields of one holder (docs/behaviour.md,
+// Inspecting and breaking); null where the
 // backend cannot know.
 type holderFields struct {
 	Host       *string  `json:"host"`
@@ -182,7 +216,7 @@ type holderFields struct {
 	AcquiredAt *string  `json:"acquired_at"`
 	ExpiresAt  *string  `json:"expires_at"`
 	Token      *int64   `json:"token"`
-	// Session is not one of SPEC §10's fields; it appears only where the
+	// Session is not one of the contract's fields; it appears only where the
 	// backend has one (PostgreSQL).
 	Session string `json:"session,omitempty"`
 }
@@ -203,8 +237,8 @@ type statusObject struct {
 
 func statusJSON(st lock.State, backend string) statusObject {
 	o := statusObject{Backend: backend, Held: len(st.Holders) > 0, Holders: []holderFields{}}
-	// key is for a lock whose name the backend cannot know (SPEC §10 has
-	// no key field): a named lock's key is the backend's business.
+	// key is for a lock whose name the backend cannot know, and only for
+	// one: a named lock's key is the backend's business.
 	if st.Name != "" {
 		o.Name = &st.Name
 	} else {

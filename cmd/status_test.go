@@ -35,7 +35,8 @@ func TestDescribe(t *testing.T) {
 	}
 }
 
-// TestStatusJSON: the fields of SPEC §10, null where unknown, the first
+// TestStatusJSON: the fields of docs/behaviour.md (Inspecting and
+// breaking), null where unknown, the first
 // holder repeated at the top.
 func TestStatusJSON(t *testing.T) {
 	for _, tc := range []struct {

@@ -116,7 +116,23 @@ func newVersionCmd(env *environment) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "version [--json]",
 		Short: "Print withlock's version, commit, build date and Go version",
-		Args:  cobra.NoArgs,
+		Long: `version prints withlock's version, the commit it was built from, the
+build date (the commit's date, so that a commit builds the same bytes), and
+the Go version and platform it was built with. A build without these stamps
+(go install) says what Go recorded, else dev and unknown. withlock --version
+prints the same.
+
+OUTPUT
+
+Four lines on stdout; with --json one object with the keys version, commit,
+build_date, go_version and platform (null where unknown).
+
+EXIT STATUS
+
+- 0: always, unless stdout cannot be written.`,
+		Example: `  withlock version
+  withlock version --json | jq -r .version`,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			info := readBuildInfo()
 			if !asJSON {

@@ -21,7 +21,7 @@ const initRuns = 21
 // of each package's init summed by the module that holds it (found in the
 // binary's build information), median of initRuns runs. Go has no lazy
 // package initialisation, so a driver's init is paid by every invocation,
-// whatever its backend (SPEC §11).
+// whatever its backend (docs/design.md).
 func initByModule(wl string) error {
 	info, err := buildinfo.ReadFile(wl)
 	if err != nil {

@@ -1,7 +1,11 @@
 // Command bench measures withlock side by side with flock(1), psql, etcdctl
 // lock and the npm package advisory-lock's withlock, in one run so that the
 // ratios hold on a noisy machine. It starts its own servers as the tests do,
-// and prints one Markdown table per figure. Run it with `make bench`.
+// and prints one Markdown table per figure. Run it with `make bench`, which
+// passes -doc ../../docs/performance.md: the page then holds this run's
+// tables, when and where they were measured, and charts of the hand-off and
+// the contention (report.go). It runs from its own directory, in a module
+// of its own, so that the plotting library stays out of the product.
 //
 // Tools: hyperfine (whole-process wall time), /usr/bin/time -v (peak RSS);
 // both are installed with apt-get when missing and run as root.
@@ -32,7 +36,7 @@ import (
 const (
 	overheadRuns   = 40
 	handoffTrials  = 20
-	contenders     = 16 // SPEC §11's contention goal
+	contenders     = 16 // a crowd of deploy pods or cron hosts
 	acquisitions   = 25
 	npmAcquisition = 5 // per contender: the npm withlock costs ~0.3s a run
 )
@@ -43,14 +47,38 @@ var (
 	onlyHandoff  = flag.Bool("handoff", false, "measure only the hand-off table")
 	onlyInit     = flag.Bool("init", false, "measure only package initialisation, by module")
 	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
+	doc          = flag.String("doc", "", "write the run's tables and charts to this Markdown file (make bench: docs/performance.md)")
 )
 
 func main() {
 	flag.Parse()
-	if err := run(); err != nil {
+	if err := runDoc(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// runDoc runs the benchmarks and, with -doc, writes what they printed to
+// the page, once the whole run has succeeded.
+func runDoc() error {
+	if *doc == "" {
+		return run()
+	}
+	if *onlyWaiting || *onlyHandoff || *onlyInit {
+		return errors.New("-doc takes the whole run, not -waiting, -handoff or -init")
+	}
+	var out bytes.Buffer
+	restore, err := teeStdout(&out)
+	if err != nil {
+		return err
+	}
+	started := time.Now()
+	err = run()
+	restore()
+	if err != nil {
+		return err
+	}
+	return writeDoc(*doc, out.String(), collected, started)
 }
 
 type contender struct {
@@ -71,6 +99,7 @@ func run() error {
 	if wl == "" {
 		wl = filepath.Join(work, "withlock")
 		build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", wl, ".")
+		build.Dir = filepath.Join("..", "..") // the product, from internal/bench
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		build.Stderr = os.Stderr
 		if err := build.Run(); err != nil {
@@ -90,7 +119,7 @@ func run() error {
 	}
 	defer pg.Close()
 	// URLs as users write them: no sslmode (libpq's default, prefer), against
-	// a server without TLS and one with it (SPEC §11).
+	// a server without TLS and one with it.
 	pgTLS, err := testenv.StartPostgres()
 	if err != nil {
 		return err
@@ -258,6 +287,7 @@ func run() error {
 	}
 	for _, n := range order {
 		fmt.Printf("| %s | %s | %s | %.2f× |\n", n, ms(hand[n].median), ms(hand[n].p90), hand[n].median/hand["flock"].median)
+		collected.handoff = append(collected.handoff, bars{n, []float64{hand[n].median * 1000, hand[n].p90 * 1000}})
 	}
 	if *onlyHandoff {
 		return nil
@@ -290,10 +320,11 @@ func run() error {
 			return fmt.Errorf("%s: %w", c.name, err)
 		}
 		fmt.Printf("| %s | %.1f | %d |\n", c.name, rate, overlaps)
+		collected.contention = append(collected.contention, bars{c.name, []float64{rate}})
 	}
 
 	// Memory: peak RSS of withlock while it holds the lock.
-	// A semaphore's holder too (SPEC §11: the same bound); a backend
+	// A semaphore's holder too (the same bound); a backend
 	// without semaphores yet says so instead of ending the run.
 	fmt.Println("\n## Memory: peak RSS of withlock holding a lock for 1s")
 	fmt.Println("\n| backend | peak RSS | holding a semaphore of 3 |")
@@ -448,7 +479,7 @@ func summarize(xs []float64) summary {
 func ms(s float64) string { return fmt.Sprintf("%.2f ms", s*1000) }
 
 // buildHello builds a static Go hello-world, the floor of any Go program's
-// start (SPEC §11: withlock version at most 1.5× it).
+// start, which withlock version is measured against.
 func buildHello(work string) (string, error) {
 	dir := filepath.Join(work, "hello")
 	os.MkdirAll(dir, 0o755)

@@ -23,7 +23,7 @@ import (
 	"github.com/withlock/withlock/internal/testenv"
 )
 
-// Waiting cost (issue 21): one holder, and waiters withlocks waiting for
+// Waiting cost: one holder, and waiters withlocks waiting for
 // the same NAME, as the pods of a deployment would. The figures are taken
 // on the server process over window, once settle has passed since the
 // last waiter began to wait: past the first second, in which a waiter

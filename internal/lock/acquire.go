@@ -10,16 +10,17 @@ import (
 
 // pollInterval is how often Acquire retries a held lock on a backend that
 // can neither wait on the server's side nor notify, for the first fastFor
-// of a wait (a lock held briefly changes hands at once: SPEC §11 wants a
-// MongoDB hand-off under 100ms at p90, and a poll of a held lock is one
+// of a wait (a lock held briefly changes hands at once: a MongoDB
+// hand-off should take under 100ms at p90, and a poll of a held lock is one
 // operation, so the first second costs a waiter about 27 of them); then every
 // waitPoll, so that a long wait costs the server little while a waiter
-// still takes a released lock within a second (SPEC §3): a pause is at most
+// still takes a released lock within a second (docs/behaviour.md,
+// Acquiring): a pause is at most
 // waitPoll, and an attempt takes a few round trips. slowPoll is the safety
 // net of a backend that notifies, for notifications that get lost. Pauses
 // are jittered (from half the interval up; waitPoll's from three quarters,
 // so that a waiter polls less than twice a second on average: MongoDB's
-// poll is one operation, issue 21's goal is about two a second).
+// poll is one operation, and a waiter should cost about two a second).
 const (
 	pollInterval = 50 * time.Millisecond
 	fastFor      = time.Second

@@ -270,7 +270,8 @@ func TestAcquirePollsHeld(t *testing.T) {
 // TestAcquirePollsSlowerLater: a long wait polls fast for its first second
 // (a lock held briefly changes hands at once), then slower, so that it
 // costs the server little (every 525-700 ms), but never slower than every
-// 700 ms, which keeps a hand-off within SPEC §3's second. Sleeps can only be longer than asked
+// 700 ms, which keeps a hand-off within a second (docs/behaviour.md,
+// Acquiring). Sleeps can only be longer than asked
 // on a busy machine, so the slow polls' lower bound is exact.
 func TestAcquirePollsSlowerLater(t *testing.T) {
 	t.Parallel()
@@ -545,7 +546,7 @@ func TestOpen(t *testing.T) {
 		{"host/db", lock.ErrUsage},
 		{"//u:hunter2@host/db", lock.ErrUsage},
 		{"%zz://u:hunter2@host/", lock.ErrUsage},
-		// The SPEC's schemes without a backend yet; drop each as its
+		// Reserved schemes without a backend yet; drop each as its
 		// backend lands.
 	} {
 		_, err := lock.Open(tc.url, lock.Options{})

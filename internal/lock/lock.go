@@ -47,8 +47,8 @@ var (
 	// ErrUsage means the URL, the lock name or the options cannot be used
 	// at all (for example a mode the backend does not have).
 	ErrUsage = errors.New("lock: bad usage")
-	// ErrNotSupported means the URL's scheme is a backend that the SPEC
-	// names but this build does not have yet.
+	// ErrNotSupported means the URL's scheme names a backend that this
+	// build does not have.
 	ErrNotSupported = errors.New("lock: not supported yet")
 )
 

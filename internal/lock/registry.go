@@ -43,7 +43,8 @@ func Schemes() []string {
 	return s
 }
 
-// planned are schemes the SPEC names that have no backend in this build.
+// planned are schemes that are reserved for a backend this build does not
+// have.
 var planned []string
 
 // Open returns a Client for rawURL and opts (zero values meaning the

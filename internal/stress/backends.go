@@ -78,7 +78,7 @@ var Backends = []Backend{
 		}
 		// Without sslmode, as users write it (libpq's prefer): pgx then
 		// asks for TLS first and, refused, connects again in plain text.
-		// A cut of that second connection is where issue 15 found its 69s.
+		// A cut of that second connection once made withlock exit 69.
 		u, err := url.Parse(db)
 		if err != nil {
 			t.Fatal(err)
@@ -112,7 +112,7 @@ var Backends = []Backend{
 		return m.URL, m
 	}},
 	// A namespace of its own on a kube-apiserver of its own; withlock
-	// reaches it as a user allowed leases there only (the README's Role).
+	// reaches it as a user allowed leases there only (the Role of docs/kubernetes.md).
 	{Name: "k8s", Network: true, Tokens: true, Via: func(t testing.TB) (string, string, func(string) []string) {
 		k := testenv.RequireKube(t)
 		const ns = "stress"

@@ -72,7 +72,7 @@ type Rules struct {
 	// exclusive: 1 for an exclusive lock, N for a semaphore of N, and
 	// unlimited (0) for shared holders, which Run.Shared marks.
 	MaxHolders int
-	// FrozenGrace is the window of a frozen holder (README, Guarantees):
+	// FrozenGrace is the window of a frozen holder (docs/failures.md):
 	// a section whose withlock was frozen may run alongside later ones
 	// from when its withlock was stopped until FrozenGrace after it was
 	// let go on (withlock then stops it at once: TERM, KILL after

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Crowd is issue 21's many waiters at once: a holder takes the stress NAME
+// Crowd is many waiters at once: a holder takes the stress NAME
 // on a server of b started for t, then n withlocks start at once, each to
 // run the section once; when every one of them has said that it waits
 // (withlock -v), the holder lets go. No faults: the server is reached

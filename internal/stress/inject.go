@@ -51,7 +51,7 @@ func (in Injector) Run(ctx context.Context, rng *rand.Rand) map[string]int {
 	}
 }
 
-// Cut resets every connection through p (issue 15's "cuts all connections").
+// Cut resets every connection through p.
 func Cut(p *faultproxy.Proxy) Fault {
 	return Fault{Name: "cuts", Inject: func(context.Context, *rand.Rand) bool { p.Cut(); return true }}
 }

@@ -1,4 +1,4 @@
-// Package stress is withlock's stress test (issue 15): contenders run the real
+// Package stress is withlock's stress test: contenders run the real
 // withlock binary in a loop on one lock NAME, against a real server behind a
 // fault proxy that cuts connections and black-holes the network at random;
 // each command records when it entered and left its critical section and with
@@ -114,7 +114,7 @@ type Targets struct {
 	Fail func(error)
 }
 
-// Recipe is issue 15's fault recipe for a proxy: every 0.5–2.5s at random,
+// Recipe is the network faults' recipe for a proxy: every 0.5–2.5s at random,
 // either cut every connection or black-hole the network for 1–4s.
 func Recipe(tg Targets) Injector {
 	return Injector{
@@ -124,7 +124,7 @@ func Recipe(tg Targets) Injector {
 	}
 }
 
-// AllFaults is issue 13's recipe: issue 15's cuts and black-holes, and, as
+// AllFaults is every fault: Recipe's cuts and black-holes, and, as
 // often each, a restart of the server (down for 0.2–1s), a freeze of the
 // server for ttl + 0.5–2s, a freeze of a holder's withlock for as long
 // (its command runs on), and a freeze of a holder's withlock and command

@@ -57,15 +57,15 @@ func binaries(t *testing.T) Binaries {
 // are under way; `make stress` (-stress.long) runs them all the same. Remove
 // an entry when its fix lands: from then on a regression fails `make test`.
 var knownUnsafe = map[string]string{
-	// Empty since issue 15's MongoDB and PostgreSQL fixes landed.
-	// "mongodb": "issue 15: two holders at once and duplicate fencing tokens under faults",
+	// Empty: every backend passes. An entry reads
+	// "mongodb": "two holders at once under faults",
 }
 
 // modes are the modes TestStress runs every backend in; a backend without
-// shared locks skips the mixed one. The first is the one of issue 15.
+// shared locks skips the mixed one.
 var modes = []Mode{{}, {MaxHolders: 3}, {Mixed: true}}
 
-// TestStress is issue 15's stress test, with issue 13's faults and modes:
+// TestStress is the stress test (CONTRIBUTING.md, "The stress test"):
 // 16 contenders run the real withlock (--ttl 3s --kill-after 1s
 // --connect-timeout 60s) in a loop on one NAME, exclusive, as a semaphore of
 // 3 and shared mixed with exclusive, through a proxy; every 0.5–2.5s the
@@ -157,11 +157,11 @@ func TestStress(t *testing.T) {
 	t.Logf("stress, %s:\n%s", time.Now().UTC().Format("2006-01-02"), strings.Join(table, "\n"))
 }
 
-// TestManyWaiters is issue 21's many waiters at once: n withlocks wait
+// TestManyWaiters is many waiters at once: n withlocks wait
 // behind one holder of a NAME on each backend, and when it lets go every one
 // of them runs its section, one at a time, and exits 0. make test runs 10
 // per backend; make stress runs 100 (-stress.waiters), which meets each
-// server's first limit on connections (see README, "Many waiters").
+// server's first limit on connections (see docs/operating.md, "Many waiters on one NAME").
 func TestManyWaiters(t *testing.T) {
 	bin := binaries(t)
 	n := *crowd

@@ -20,7 +20,7 @@ import (
 // breaker asks it to.
 //
 // Why this one: withlock forwards INT, TERM, HUP, QUIT, USR1, USR2 and WINCH
-// to its command (SPEC §4), so none of those can mean anything to withlock
+// to its command (docs/behaviour.md, Signals), so none of those can mean anything to withlock
 // itself. Of the signals whose default action is harmless, SIGURG is sent
 // by the Go runtime to itself to preempt goroutines, SIGCHLD comes with
 // every exit of the command, and SIGCONT with every fg and bg of a shell.

@@ -19,7 +19,7 @@ func filesOf(name string) []string {
 	return files
 }
 
-// FuzzFileName checks SPEC §2's escaping for file:// on any pair of valid
+// FuzzFileName checks the escaping of docs/file.md for file:// on any pair of valid
 // names: every file a name makes stays in DIR, has a legal name, and is
 // no file of another name, except where both are hashed and SHA-256
 // collides; nameOf undoes FileName; isFileOf tells each name's files

@@ -23,7 +23,7 @@ type ModeOptions struct {
 	Lease bool
 }
 
-// RunModes runs what SPEC §12 asks of every backend: shared locks that
+// RunModes runs what docs/behaviour.md (Modes) asks of every backend: shared locks that
 // exclude and are excluded by exclusive ones, and semaphores of N holders.
 func RunModes(t *testing.T, open OpenFunc, o ModeOptions) {
 	shared := lock.Options{Mode: lock.Shared}

@@ -158,9 +158,10 @@ func TestSharedRenewalsAtOnce(t *testing.T) {
 // rounds. None loses its lock. A renewal that had to be retried is logged,
 // not failed: FerretDB spends about 1.5 ms of CPU on each operation, and a
 // shared holder's renewal is several (read, insert, read back) racing 15
-// others; on a 2-core machine at load 10 with the race detector one attempt
-// took over 10s. The ttl is twice the default for the same reason, so that
-// such a machine tests the holders rather than FerretDB's speed.
+// others, so on a small, busy machine with the race detector one attempt
+// can take longer than ttl/3. The ttl is twice the default for the same
+// reason, so that such a machine tests the holders rather than FerretDB's
+// speed.
 func TestSharedHolders(t *testing.T) {
 	m := testenv.RequireMongo(t)
 	const n, ttl = 16, 2 * lock.DefaultTTL

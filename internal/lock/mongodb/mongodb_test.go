@@ -233,7 +233,7 @@ func TestOldDocumentsDeleted(t *testing.T) {
 	}
 }
 
-// Fencing tokens keep growing when the collection is dropped (issue 17):
+// Fencing tokens keep growing when the collection is dropped:
 // the first document of a chain takes its seq from the server's clock. A
 // holder learns of the drop at its next renewal.
 func TestTokensGrowAcrossDrop(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/withlock/withlock/internal/testenv"
 )
 
-// TestServerBound: SPEC §5's server-side bound. A holder whose network is
+// TestServerBound: the server-side bound of docs/postgres.md. A holder whose network is
 // black-holed (its connection stays open, as a frozen holder's does: the
 // proxy's kernel, like a stopped process's, still answers TCP) says
 // nothing more after its lock statement. The server ends its session, and

@@ -9,7 +9,7 @@ import (
 	"github.com/withlock/withlock/internal/lock/postgres"
 )
 
-// FuzzKeys checks the key derivation of SPEC §2 against its own
+// FuzzKeys checks the key derivation of docs/postgres.md against its own
 // definition, written out again here, and that two names or two semaphore
 // slots never share a key, except where SHA-256's first 64 bits (the two
 // keys) or 48 bits (a slot key's name part) collide, which the fuzzer

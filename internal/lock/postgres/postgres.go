@@ -190,7 +190,7 @@ const cancelWait = time.Second
 // connection, as libpq does, instead of closing it as soon as the
 // statement returns: PgBouncer 1.18 (Debian 12's) crashes when a client
 // closes that connection before PgBouncer has passed the request on
-// (pgbouncer issue 801). Nor does it wait 100ms more, as pgx's does, lest
+// (pgbouncer/pgbouncer#801). Nor does it wait 100ms more, as pgx's does, lest
 // the cancel hit the next statement: a cancelled wait drops its
 // connection, and in the race where the lock was granted anyway, a late
 // cancel can only fail one later statement, which is retried or warned of.
@@ -413,7 +413,7 @@ from (select s.*, case when s.standby or s.shared is not null or s.pid <> all($4
 // wait in the server's queue. A semaphore has no wait statement; see
 // acquireSlot. They are built at first use, as every statement put
 // together with Sprintf here: package init runs in every withlock start,
-// whatever the backend (SPEC §11).
+// whatever the backend (docs/design.md, A small binary, started often).
 var lockSQLs = sync.OnceValue(func() map[lock.Mode][2]string {
 	return map[lock.Mode][2]string{
 		lock.Exclusive: {
@@ -428,7 +428,7 @@ var lockSQLs = sync.OnceValue(func() map[lock.Mode][2]string {
 	}
 })
 
-// boundSQL is SPEC §5's server-side bound, set on the session once it holds
+// boundSQL is the server-side bound (docs/postgres.md), set on the session once it holds
 // the lock: the server ends the session, and with it the lock, once
 // withlock has been silent for the ttl, so that a
 // holder that is frozen or partitioned away does not keep the lock for the

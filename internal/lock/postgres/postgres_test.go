@@ -65,7 +65,7 @@ func TestModes(t *testing.T) {
 	}, locktest.ModeOptions{RecordsN: true})
 }
 
-// TestKeys: the keys of SPEC §2, as the npm package advisory-lock derives
+// TestKeys: the keys of docs/postgres.md, as the npm package advisory-lock derives
 // them. The values were computed with node's crypto:
 //
 //	const b = crypto.createHash("sha256").update(name, "utf8").digest();

@@ -24,7 +24,7 @@ import (
 //     first free one, tried in order;
 //   - NAME's mark of N, pg_advisory_lock_shared(bigint) on the mark key
 //     of N, which every holder of NAME with the same N shares: a holder
-//     with another N sees it in pg_locks and is refused (SPEC §12).
+//     with another N sees it in pg_locks and is refused (docs/modes.md).
 //
 // The bigint keys are made from bytes 8-21 of the SHA-256 of NAME (bytes
 // 0-7 are k1 and k2): slot key i is bytes 8-11 (a little-endian uint32),
@@ -70,7 +70,7 @@ func newSemaphore(name string, n int) *semaphore {
 }
 
 // SlotKey is the pg_advisory_lock(bigint) key of slot i of a semaphore on
-// name (see the README).
+// name (see docs/modes.md).
 func SlotKey(name string, i int) int64 { return newSemaphore(name, 1).slot(i) }
 
 func (s *semaphore) slot(i int) int64 { return s.slotBase | int64(i) }

@@ -106,6 +106,9 @@ func genMan(c *cobra.Command, header *doc.GenManHeader, dir string) error {
 		}
 	}
 	h := *header
+	long := c.Long
+	c.Long = manSections(long)
+	defer func() { c.Long = long }()
 	var page bytes.Buffer
 	if err := doc.GenMan(c, &h, &page); err != nil {
 		return fmt.Errorf("man page of %q: %w", c.CommandPath(), err)
@@ -121,4 +124,30 @@ func genMan(c *cobra.Command, header *doc.GenManHeader, dir string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, name), gz.Bytes(), 0o644)
+}
+
+// manSections turns the headings of a command's Long text (a line of
+// capitals alone, such as EXIT STATUS, which reads as a heading in --help)
+// into sections of its man page. Everything else in Long is Markdown as
+// go-md2man reads it: paragraphs and "- " lists.
+func manSections(long string) string {
+	lines := strings.Split(long, "\n")
+	for i, l := range lines {
+		if isHeading(l) {
+			lines[i] = "# " + l
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+func isHeading(line string) bool {
+	if len(line) < 2 || line[0] < 'A' || line[0] > 'Z' {
+		return false
+	}
+	for _, r := range line {
+		if (r < 'A' || r > 'Z') && r != ' ' {
+			return false
+		}
+	}
+	return true
 }

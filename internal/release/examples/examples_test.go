@@ -250,11 +250,19 @@ func TestSystemdUnits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var execStart string
+	var execStart, killMode string
 	for _, line := range strings.Split(string(service), "\n") {
 		if v, ok := strings.CutPrefix(line, "ExecStart="); ok {
 			execStart = v
 		}
+		if v, ok := strings.CutPrefix(line, "KillMode="); ok {
+			killMode = v
+		}
+	}
+	// withlock forwards TERM to the command; systemd's default KillMode
+	// (control-group) would also send it to the command directly.
+	if killMode != "mixed" {
+		t.Errorf("KillMode=%q; want mixed, so that on stop the command gets TERM once, from withlock", killMode)
 	}
 	if execStart == "" || strings.ContainsAny(execStart, `"'$%\`) {
 		t.Fatalf("ExecStart=%q: want one, without quoting or expansion (systemd's rules differ from sh's)", execStart)

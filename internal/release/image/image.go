@@ -30,6 +30,10 @@ const (
 	nonroot = "65532"
 )
 
+// license is the SPDX identifier of the LICENSE at the repository's root,
+// which the archives and packages carry too (.goreleaser.yaml).
+const license = "Apache-2.0"
+
 // spec is what one image index is built from.
 type spec struct {
 	Version  string    // the release's version, the tag in the archive
@@ -54,6 +58,7 @@ func (s spec) labels() map[string]string {
 		"org.opencontainers.image.version":     s.Version,
 		"org.opencontainers.image.revision":    s.Revision,
 		"org.opencontainers.image.created":     s.Created.UTC().Format(time.RFC3339),
+		"org.opencontainers.image.licenses":    license,
 	}
 }
 

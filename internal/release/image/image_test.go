@@ -102,6 +102,7 @@ func TestImage(t *testing.T) {
 		"org.opencontainers.image.version":     testVersion,
 		"org.opencontainers.image.revision":    testRevision,
 		"org.opencontainers.image.created":     "2026-01-02T03:04:05Z",
+		"org.opencontainers.image.licenses":    "Apache-2.0",
 	}
 	if !reflect.DeepEqual(got.Annotations, wantLabels) {
 		t.Errorf("index annotations = %v; want %v", got.Annotations, wantLabels)

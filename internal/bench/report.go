@@ -1,0 +1,166 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// figures are what the charts of docs/performance.md draw, collected as
+// the run prints its tables.
+type figures struct {
+	handoff    []bars // milliseconds: median, p90
+	contention []bars // acquisitions a second
+}
+
+// bars are one contender's values, one per series of a chart.
+type bars struct {
+	name   string
+	values []float64
+}
+
+var collected figures
+
+// teeStdout sends what the run prints to stdout to w as well, until the
+// returned function is called.
+func teeStdout(w io.Writer) (restore func(), err error) {
+	r, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	real := os.Stdout
+	os.Stdout = pw
+	done := make(chan struct{})
+	go func() {
+		io.Copy(io.MultiWriter(real, w), r)
+		close(done)
+	}()
+	return func() {
+		os.Stdout = real
+		pw.Close()
+		<-done
+		r.Close()
+	}, nil
+}
+
+// writeDoc writes the run's output to doc (docs/performance.md), under a
+// header that says when, at which commit and on which machine it was
+// measured, with the charts of f beside it as SVG files. Only the latest
+// run is kept; earlier ones are in git's history of the file.
+func writeDoc(doc, output string, f figures, when time.Time) error {
+	dir := filepath.Dir(doc)
+	var charts []string
+	if len(f.handoff) > 0 {
+		name := "performance-handoff.svg"
+		if err := barChart(filepath.Join(dir, name), "Hand-off: the holder's command exits, the waiter's starts",
+			"milliseconds (less is better)", []string{"median", "p90"}, f.handoff); err != nil {
+			return err
+		}
+		charts = append(charts, fmt.Sprintf("![Hand-off per backend, beside flock, etcdctl lock and the mysql client](%s)", name))
+	}
+	if len(f.contention) > 0 {
+		name := "performance-contention.svg"
+		if err := barChart(filepath.Join(dir, name), fmt.Sprintf("Contention: %d processes on one lock", contenders),
+			"acquisitions a second (more is better)", []string{"acquisitions/s"}, f.contention); err != nil {
+			return err
+		}
+		charts = append(charts, fmt.Sprintf("![Contention per backend, beside flock, psql, the mysql client, etcdctl lock and the npm withlock](%s)", name))
+	}
+
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Performance\n\n")
+	fmt.Fprintf(&b, "Written by `make bench` on %s, at commit %s, on %s. Run `make bench`\n", when.UTC().Format("2006-01-02"), commit(), machine())
+	fmt.Fprintf(&b, "to measure again; earlier runs are in this file's history in git. What each\n")
+	fmt.Fprintf(&b, "figure measures is in `internal/bench`.\n\n")
+	for _, c := range charts {
+		fmt.Fprintf(&b, "%s\n\n", c)
+	}
+	// The run's own title gives way to the page's.
+	output = strings.TrimPrefix(output, "# withlock benchmarks\n\n")
+	b.WriteString(output)
+	if !strings.HasSuffix(output, "\n") {
+		b.WriteString("\n")
+	}
+	return os.WriteFile(doc, b.Bytes(), 0o644)
+}
+
+// barChart draws one horizontal bar per contender and series, the
+// contenders top down in the order given, as an SVG file.
+func barChart(file, title, unit string, series []string, rows []bars) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = unit
+	p.X.Min = 0
+	width := vg.Points(7)
+	names := make([]string, len(rows))
+	for i, r := range rows {
+		names[len(rows)-1-i] = r.name // plot's y axis grows upwards
+	}
+	for s, label := range series {
+		values := make(plotter.Values, len(rows))
+		for i, r := range rows {
+			if s < len(r.values) {
+				values[len(rows)-1-i] = r.values[s]
+			}
+		}
+		b, err := plotter.NewBarChart(values, width)
+		if err != nil {
+			return fmt.Errorf("%s: %w", file, err)
+		}
+		b.Horizontal = true
+		b.LineStyle.Width = 0
+		b.Color = plotutil.Color(s)
+		b.Offset = width * vg.Length(float64(s)-float64(len(series)-1)/2)
+		p.Add(b)
+		if len(series) > 1 {
+			p.Legend.Add(label, b)
+		}
+	}
+	// Room on the right for the legend, beside the longest bar.
+	longest := 0.0
+	for _, r := range rows {
+		for _, v := range r.values {
+			longest = max(longest, v)
+		}
+	}
+	if longest > 0 {
+		p.X.Max = longest * 1.3
+	}
+	p.Legend.Top = true
+	p.NominalY(names...)
+	height := vg.Points(60) + vg.Length(len(rows))*width*vg.Length(len(series)+1)
+	return p.Save(7*vg.Inch, height, file)
+}
+
+// commit is the checkout's commit, with "+changes" when it has some.
+func commit() string {
+	out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	c := strings.TrimSpace(string(out))
+	if err := exec.Command("git", "diff", "--quiet", "HEAD").Run(); err != nil {
+		c += "+changes"
+	}
+	return c
+}
+
+// machine describes where the run was measured: CPU, cores, kernel, Go.
+func machine() string {
+	kernel := "Linux"
+	if out, err := exec.Command("uname", "-r").Output(); err == nil {
+		kernel += " " + strings.TrimSpace(string(out))
+	}
+	return fmt.Sprintf("%s, %d cores, %s, %s", cpuModel(), numCPU(), kernel, runtime.Version())
+}
