@@ -71,6 +71,8 @@ func (p *Process) run(path string, argv, env []string, started chan<- error) {
 			Pdeathsig:  syscall.SIGKILL,
 		},
 	}
+	// Registered before the child can exit, and reaped below before it is
+	// forgotten, so that a reaper of orphans never takes it (reap_linux.go).
 	startReaper()
 	reaper.mu.Lock()
 	pid, err := syscall.ForkExec(path, argv, attr)
