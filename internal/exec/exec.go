@@ -4,6 +4,12 @@
 //
 // The package is Linux only: it relies on the parent-death signal, on
 // waitid(2) with WNOWAIT and on /proc.
+//
+// When this process is PID 1 (a container's entrypoint), the package also
+// reaps the orphans that the kernel hands to it, as an init does; see
+// reap_linux.go. It never reaps a child in this process's own process group,
+// so a program that the caller runs itself (os/exec) must stay in that group
+// to keep its exit status.
 package exec
 
 import (

@@ -71,7 +71,15 @@ func (p *Process) run(path string, argv, env []string, started chan<- error) {
 			Pdeathsig:  syscall.SIGKILL,
 		},
 	}
+	// Registered before the child can exit, and reaped below before it is
+	// forgotten, so that a reaper of orphans never takes it (reap_linux.go).
+	startReaper()
+	reaper.mu.Lock()
 	pid, err := syscall.ForkExec(path, argv, attr)
+	if err == nil {
+		reaper.commands[pid] = true
+	}
+	reaper.mu.Unlock()
 	if err != nil {
 		started <- startError(argv[0], err)
 		return
@@ -94,12 +102,15 @@ func (p *Process) run(path string, argv, env []string, started chan<- error) {
 		restoreForeground(pid)
 	}
 	var ws syscall.WaitStatus
+	reaper.mu.Lock()
 	for {
 		_, err = syscall.Wait4(pid, &ws, 0, nil)
 		if err != syscall.EINTR {
 			break
 		}
 	}
+	delete(reaper.commands, pid)
+	reaper.mu.Unlock()
 	p.reaped = true
 	p.mu.Unlock()
 
@@ -185,17 +196,42 @@ func restoreForeground(pgid int) {
 // groupHasLive reports whether any process other than a zombie is in process
 // group pgid, by reading /proc/*/stat.
 func groupHasLive(pgid int) bool {
+	found := false
+	eachProc(func(e procEntry) bool {
+		found = e.pgrp == pgid && e.state != 'Z' && e.state != 'X'
+		return !found
+	})
+	return found
+}
+
+// procEntry is what this package reads of a process in /proc/PID/stat. The
+// numbers are those of the PID namespace that /proc was mounted for.
+type procEntry struct {
+	pid   int
+	state byte // R, S, D, T, Z (zombie), X (dead)...
+	ppid  int
+	pgrp  int
+}
+
+// eachProc calls fn for the processes in /proc, in no particular order,
+// until fn returns false. A process that exits meanwhile may or may not be
+// seen. Without /proc it sees nothing.
+func eachProc(fn func(procEntry) bool) {
 	d, err := os.Open("/proc")
 	if err != nil {
-		return false
+		return
 	}
 	defer d.Close()
 	names, err := d.Readdirnames(-1)
 	if err != nil {
-		return false
+		return
 	}
 	for _, name := range names {
 		if name[0] < '0' || name[0] > '9' {
+			continue
+		}
+		pid, err := strconv.Atoi(name)
+		if err != nil {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + name + "/stat")
@@ -212,12 +248,13 @@ func groupHasLive(pgid int) bool {
 		if len(f) < 3 {
 			continue
 		}
-		if state := f[0][0]; state == 'Z' || state == 'X' {
+		ppid, err1 := strconv.Atoi(string(f[1]))
+		pgrp, err2 := strconv.Atoi(string(f[2]))
+		if err1 != nil || err2 != nil {
 			continue
 		}
-		if g, err := strconv.Atoi(string(f[2])); err == nil && g == pgid {
-			return true
+		if !fn(procEntry{pid: pid, state: f[0][0], ppid: ppid, pgrp: pgrp}) {
+			return
 		}
 	}
-	return false
 }

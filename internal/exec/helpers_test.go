@@ -3,8 +3,11 @@ package exec_test
 import (
 	"fmt"
 	"os"
+	osexec "os/exec"
 	"os/signal"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -33,6 +36,8 @@ func runHelper(name string) int {
 		err = helperPdeathsig()
 	case "tty":
 		err = helperTTY()
+	case "pid1":
+		err = helperPID1()
 	default:
 		err = fmt.Errorf("unknown helper %q", name)
 	}
@@ -126,4 +131,76 @@ func helperTTY() error {
 	syscall.Syscall(syscall.SYS_IOCTL, 0, syscall.TIOCGPGRP, uintptr(unsafe.Pointer(&fg)))
 	result := fmt.Sprintf("code=%d ints=%d foreground=%v\n", p.ExitCode(), ints.Load(), int(fg) == syscall.Getpgrp())
 	return os.WriteFile(os.Getenv("RESULT"), []byte(result), 0o644)
+}
+
+// helperPID1 plays withlock as the init of a new PID namespace (the test
+// starts it with CLONE_NEWPID and CLONE_NEWNS): it mounts a /proc of its own
+// namespace, as a container runtime does, forwards the signals it receives,
+// and runs $SCRIPT $REPEAT times (default once), one after the other. It
+// writes to $RESULT the exit codes, separated by spaces. With $PLUGINS set
+// it also runs "sh -c 'exit 4'" through os/exec, as a credential plugin
+// would be run, over and over while the scripts run, and fails if one of
+// them does not exit 4.
+func helperPID1() error {
+	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making mounts private: %w", err)
+	}
+	if err := syscall.Mount("proc", "/proc", "proc", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mounting /proc: %w", err)
+	}
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, exec.Forwarded...)
+	var current atomic.Pointer[exec.Process]
+	go func() {
+		for s := range sigs {
+			if p := current.Load(); p != nil {
+				p.Signal(s)
+			}
+		}
+	}()
+
+	stop := make(chan struct{})
+	plugins := make(chan error, 1)
+	go func() {
+		if os.Getenv("PLUGINS") == "" {
+			plugins <- nil
+			return
+		}
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				plugins <- nil
+				return
+			default:
+			}
+			c := osexec.Command("sh", "-c", "exit 4")
+			if err := c.Run(); c.ProcessState == nil || c.ProcessState.ExitCode() != 4 {
+				plugins <- fmt.Errorf("os/exec run %d: %v, want exit status 4", n, err)
+				return
+			}
+		}
+	}()
+
+	repeat := 1
+	if r := os.Getenv("REPEAT"); r != "" {
+		var err error
+		if repeat, err = strconv.Atoi(r); err != nil {
+			return err
+		}
+	}
+	var codes []string
+	for range repeat {
+		p, err := exec.Start([]string{"sh", "-c", os.Getenv("SCRIPT")}, os.Environ())
+		if err != nil {
+			return err
+		}
+		current.Store(p)
+		<-p.Done()
+		codes = append(codes, strconv.Itoa(p.ExitCode()))
+	}
+	close(stop)
+	if err := <-plugins; err != nil {
+		return err
+	}
+	return os.WriteFile(os.Getenv("RESULT"), []byte(strings.Join(codes, " ")+"\n"), 0o644)
 }
