@@ -30,20 +30,60 @@ func newCheckCmd(env *environment) *cobra.Command {
 		Short: "Check that a lock on the backend would exclude everyone",
 		Long: `check answers one question before a deploy or a cron fleet depends on the
 backend: would a lock there exclude everyone who uses it? It connects, takes
-and releases a probe lock on a name of its own (withlock-check-<random>),
-through the same code that taking a lock uses, and runs every check that
-applies to the backend. It prints one line per check on stdout: ok, warn or
-fail, what it found, and what to do about it.
+and releases a probe lock on a name of its own (withlock-check- and 12 hex
+digits) through the same code that taking a lock uses, so every refusal
+withlock makes when it takes a lock is a failed check here, in the same
+words. Then it runs every check that applies to the backend, and removes
+what the probe left behind: its lock file (file://), its records (MongoDB),
+its fencing counter (Redis).
 
-A failed check is a trap that makes a lock exclude nobody: a PostgreSQL hot
-standby, a pooler that shares sessions between clients, a read-only MySQL
-replica, a Redis replica, a file:// directory on a network file system.
-A warning is a condition that weakens a lock (a restart or eviction can
-forget it) or a fact the server would not show. It leaves nothing behind.
+Unlike taking a lock, check does not retry an unreachable backend: a
+refused connection is exit 69 at once. --connect-timeout bounds the whole
+check.
 
-Exit status: 0 when no check failed (warnings allowed); 78 when one failed;
-69 when the backend cannot be reached or refuses the credentials; 64 usage.`,
+OUTPUT
+
+One line per check on stdout: the verdict, the check's name, what it found
+and, after "; ", what to do about it. With --json, one JSON object: backend,
+url (never with its password), ok (no check failed), and checks, each with
+name, status (the verdict), detail and fix (empty when there is nothing to
+do).
+
+VERDICTS
+
+- ok: nothing wrong was found. Some ok lines say a fact worth knowing: a
+  pooler in session mode, a Galera node alone in its cluster.
+- warn: a lock works there, but something weakens it, or a fact could not
+  be read (a managed server that hides a setting). A restart, a failover or
+  eviction can forget a lock on a Redis without appendonly or wait_replicas,
+  or one that evicts keys, and on a MongoDB standalone server or with a
+  write concern below a majority. A PostgreSQL before 14 leaves a frozen
+  holder its lock. A MySQL server that replicates from another and is not
+  read-only may be a replica. withlock status without NAME cannot list a
+  MySQL server's locks without performance_schema. A file:// directory is
+  on a network file system that --fs-shares-locks says shares its locks.
+- fail: a lock there would not exclude everyone who uses it: a PostgreSQL
+  hot standby, a pooler that shares server sessions between clients, a
+  read-only MySQL server, a node of a Galera cluster of more than one node,
+  a Redis replica, a node of a Redis Cluster, a file:// directory on a
+  network file system. withlock refuses to take a lock on every one of them
+  but the last (exit 69).
+
+ENVIRONMENT
+
+- WITHLOCK_DB, PG_CONNECTION_STRING: the backend URL when --db is not given.
+- SSL_CERT_FILE, SSL_CERT_DIR, KUBECONFIG: as for withlock(1).
+
+EXIT STATUS
+
+- 0: no check failed (warnings allowed).
+- 64: usage: a bad URL, an argument.
+- 69: the backend cannot be reached, or refuses the credentials or the
+  rights a lock needs; a Galera node out of its cluster's Primary component.
+- 78: a check failed: a lock there would not exclude everyone.`,
 		Example: `  withlock check --db postgres://ops@db.internal/app
+  withlock check && withlock dbmigration -- migrate up     # in a deploy script, with WITHLOCK_DB set
+  withlock check --db file:///mnt/locks --fs-shares-locks  # an NFS mount whose locks every host shares
   withlock check --json --db redis://cache.internal | jq '.checks[] | select(.status != "ok")'`,
 		Args:          cobra.NoArgs,
 		SilenceErrors: true,
@@ -72,6 +112,8 @@ Exit status: 0 when no check failed (warnings allowed); 78 when one failed;
 		},
 	}
 	f.connFlags.register(c.Flags())
+	// check makes one attempt: the timeout bounds it, and retries nothing.
+	c.Flags().Lookup("connect-timeout").Usage = "give up on the backend after this long, then exit 69 (an unreachable one is not retried)"
 	c.Flags().BoolVar(&f.json, "json", false, "print one JSON object")
 	c.Flags().BoolVar(&f.sharedFS, "fs-shares-locks", false, "file://: the directory's network file system shares its locks between every host that uses it (a warning, not a failure)")
 	return c

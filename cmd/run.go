@@ -75,10 +75,11 @@ There is no default. A password in the URL never appears in any output.
 - mysql://user:pass@host:3306/db: GET_LOCK on a dedicated session, the lock
   the mysql client's GET_LOCK takes on the same key. Parameters: tls
   (true, skip-verify, preferred, false), cacert, cert, key. A read-only
-  server is refused (69). No --shared.
+  server, or a node of a Galera cluster of more than one node, is refused
+  (69). No --shared.
 - redis://user:pass@host:6379/db, rediss://...: a hash of leases judged by
   the server's clock. Parameters: wait_replicas=N; with rediss://, cacert,
-  cert, key. A replica is refused (69).
+  cert, key. A replica, or a node of a Redis Cluster, is refused (69).
 - mongodb://host/db, mongodb+srv://...: lease documents, written by insert
   only, in the collection locks of the URL's database (default withlock).
   The driver's parameters (tls, tlsCAFile, w...).
@@ -137,7 +138,9 @@ EXIT STATUS
   holders use.
 - 69: the backend is unavailable: not reached within --connect-timeout,
   or it refused (authentication, permission, TLS), or it cannot hold a
-  lock for everyone (a standby, a replica, a pooler in transaction mode).
+  lock for everyone (a standby, a replica, a pooler in transaction mode, a
+  Galera cluster). withlock-check(1) finds these before anything depends on
+  the backend.
 - 70: the lock was lost while COMMAND ran, and COMMAND was stopped.
 - 75: not acquired: held elsewhere with --no-wait, or --timeout passed
   (see --conflict-exit-code).

@@ -10,7 +10,7 @@ import (
 	"github.com/withlock/withlock/internal/lock/mysql"
 )
 
-// FuzzKeys checks SPEC §2's GET_LOCK names: "withlock:" and 55 hex digits
+// FuzzKeys checks the GET_LOCK names of docs/mysql.md: "withlock:" and 55 hex digits
 // of SHA-256(NAME), at most 64 characters (MySQL's limit) for every slot of
 // a semaphore, and never the same for two names or two slots, except where
 // SHA-256's first 192 bits collide. `go test -fuzz FuzzKeys

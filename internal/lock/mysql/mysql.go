@@ -96,7 +96,8 @@ const maxDial = 5 * time.Second
 //
 // slotWaitSeconds is the same for a semaphore, whose waiter waits in one
 // slot only: a slot freed while nobody waits in it is found by the next
-// attempt, so this bounds the hand-off (SPEC §3: within a second). It is
+// attempt, so this bounds the hand-off to about a second (docs/behaviour.md,
+// Acquiring: a waiter learns promptly that the lock is free). It is
 // whole seconds because MySQL reads GET_LOCK's timeout as an integer
 // (MariaDB would take 0.5).
 const (
@@ -352,13 +353,13 @@ func (b *backend) Close() error {
 // read-only, nothing tried; -1: none free).
 //
 // The statement after it, in the same packet, sets the session's
-// wait_timeout to the ttl (SPEC §5: a silent holder's session ends) and
-// the holder's record; it runs after GET_LOCK returns, so @withlock_at is
-// when the lock was granted. Then recheck (detectSQL or readOnlySQL)
-// reads the server again, after the grant and still in the same round
-// trip: a wait can end in a grant on a server that meanwhile became
-// read-only (a failover demoted it) or joined a Galera cluster, and that
-// lock must not be used.
+// wait_timeout to the ttl, so that a silent holder's session ends (the
+// server-side bound of docs/mysql.md), and the holder's record; it runs
+// after GET_LOCK returns, so @withlock_at is when the lock was granted.
+// Then recheck (detectSQL or readOnlySQL) reads the server again, after
+// the grant and still in the same round trip: a wait can end in a grant
+// on a server that meanwhile became read-only (a failover demoted it) or
+// joined a Galera cluster, and that lock must not be used.
 func lockSQL(order []int, recheck string) string {
 	var s strings.Builder
 	s.WriteString("SELECT CONNECTION_ID(), @@global.read_only OR @@global.innodb_read_only,\n")

@@ -63,7 +63,7 @@ func TestModes(t *testing.T) {
 	locktest.RunModes(t, opener(m.URL), locktest.ModeOptions{NoShared: true})
 }
 
-// TestKeys: the keys of SPEC §2. The values were computed with
+// TestKeys: the keys of docs/mysql.md (How the lock is held). The values were computed with
 // printf %s NAME | sha256sum | cut -c1-55 (and -48 for the slot prefix).
 func TestKeys(t *testing.T) {
 	for _, tc := range []struct{ name, key string }{
@@ -162,7 +162,7 @@ func TestRefusals(t *testing.T) {
 
 // TestReadOnly: a read-only server (a replica) is refused at once, and a
 // server that becomes read-only while the lock is held is a loss at the
-// next Keep (SPEC §2, issue 18).
+// next Keep (docs/mysql.md, Which servers withlock refuses).
 func TestReadOnly(t *testing.T) {
 	m := testenv.RequireMariaDB(t)
 	holder := locktest.Open(t, m.URL, lock.Options{})
@@ -185,7 +185,7 @@ func TestReadOnly(t *testing.T) {
 	query(t, m.URL, "SET GLOBAL read_only = OFF")
 }
 
-// TestSilentHolderEnds: SPEC §5's server-side bound. A holder that stops
+// TestSilentHolderEnds: the server-side bound of docs/mysql.md. A holder that stops
 // talking (here: a lease nobody keeps) has its session ended by the server
 // after about the ttl (wait_timeout, whole seconds rounded up), so the
 // lock frees itself, and not before.

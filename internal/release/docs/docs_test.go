@@ -55,7 +55,7 @@ func TestManPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	pages, _ := filepath.Glob(filepath.Join(dir, "man", "*.1.gz"))
-	want := []string{"withlock.1.gz", "withlock-run.1.gz", "withlock-status.1.gz", "withlock-release.1.gz", "withlock-version.1.gz"}
+	want := []string{"withlock.1.gz", "withlock-run.1.gz", "withlock-status.1.gz", "withlock-release.1.gz", "withlock-check.1.gz", "withlock-version.1.gz"}
 	for _, w := range want {
 		if _, err := os.Stat(filepath.Join(dir, "man", w)); err != nil {
 			t.Errorf("no page %s", w)
@@ -80,8 +80,9 @@ func TestManPages(t *testing.T) {
 
 var overstrike = regexp.MustCompile(".\b")
 
-// The pages of withlock, status and release stand alone: each says the
-// environment and the exit status, and withlock's names every scheme.
+// The pages of withlock, status, release and check stand alone: each says
+// the environment and the exit status, check's what each verdict means, and
+// withlock's names every scheme.
 func TestManPagesStandAlone(t *testing.T) {
 	dir := t.TempDir()
 	if err := write(dir, "1.2.3", time.Now()); err != nil {
@@ -91,6 +92,7 @@ func TestManPagesStandAlone(t *testing.T) {
 		"withlock.1.gz":         {`.SH ENVIRONMENT`, `.SH EXIT STATUS`, `.SH SIGNALS`, `.SH FILES`, `.SH EXAMPLE`, `WITHLOCK_TOKEN`, `WITHLOCK_DB`, `--kill-after`},
 		"withlock-status.1.gz":  {`.SH ENVIRONMENT`, `.SH EXIT STATUS`, `.SH EXAMPLE`},
 		"withlock-release.1.gz": {`.SH ENVIRONMENT`, `.SH EXIT STATUS`, `.SH EXAMPLE`},
+		"withlock-check.1.gz":   {`.SH OUTPUT`, `.SH VERDICTS`, `.SH ENVIRONMENT`, `.SH EXIT STATUS`, `.SH EXAMPLE`, `--fs-shares-locks`},
 		"withlock-version.1.gz": {`.SH EXIT STATUS`, `.SH EXAMPLE`},
 	}
 	for _, scheme := range []string{"postgres://", "postgresql://", "mysql://", "redis://", "rediss://", "mongodb://", "mongodb+srv://", "etcd://", "etcds://", "k8s://", "kubernetes://", "file://"} {
