@@ -345,12 +345,6 @@ func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool) error {
 				return nil // the revision is gone: look at the queue as it is now
 			case errors.Is(a.err, errStreamEnded):
 				return lock.Errorf(lock.ErrUnavailable, "etcd at %s: the watch of %s ended", l.b.addr, key)
-			case is(a.err, msgPermissionDenied) || is(a.err, msgInvalidToken):
-				// The transaction just before read these keys with the same
-				// token, so it is the token that the watch found wanting
-				// (etcd 3.4 says "permission denied" for an expired one).
-				l.c.forgetToken()
-				return lock.Errorf(lock.ErrUnavailable, "etcd at %s: the watch of %s was refused (%s); its auth token may have expired", l.b.addr, key, a.err)
 			case a.err != nil:
 				return l.b.classify(a.err)
 			}
