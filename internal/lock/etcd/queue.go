@@ -57,8 +57,13 @@ func (e entry) mode() lock.Mode {
 // withlock's locks "a" and "a/b" are two locks; etcdctl lock "a" counts
 // the keys of "a/b" too.
 func lockKey(prefix string, kv *keyValue) bool {
-	id := string(kv.Key[len(prefix):])
-	if kv.Lease == 0 || id == "" || len(id) > 16 {
+	return kv.Lease != 0 && lockID(string(kv.Key[len(prefix):]))
+}
+
+// lockID reports whether id, the last path element of a key, is a lease
+// ID in hex, as a lock key's is.
+func lockID(id string) bool {
+	if id == "" || len(id) > 16 {
 		return false
 	}
 	for _, c := range id {
@@ -155,15 +160,18 @@ func (b *backend) record() string {
 	return string(v)
 }
 
-// getQueue reads name's keys in queue order. Only a shared or semaphore key
-// needs to know the others' modes.
+// getQueue reads name's keys in queue order.
 func (b *backend) getQueue(name string) requestOp {
-	return requestOp{Range: queueRange(name, b.opts.Mode == lock.Exclusive)}
+	return requestOp{Range: queueRange(name)}
 }
 
-// queueRange reads name's keys in the order of their create revisions.
-func queueRange(name string, keysOnly bool) *rangeRequest {
-	return &rangeRequest{Key: []byte(Prefix(name)), RangeEnd: prefixEnd(Prefix(name)), SortOrder: "ASCEND", SortTarget: "CREATE", KeysOnly: keysOnly}
+// queueRange reads name's keys in the order of their create revisions,
+// with their values. Not keys only, although an exclusive key needs only
+// the others' leases: etcd 3.7 answers a keys-only read from its index,
+// which has no leases, and the lease is what tells a lock key from a key
+// of data.
+func queueRange(name string) *rangeRequest {
+	return &rangeRequest{Key: []byte(Prefix(name)), RangeEnd: prefixEnd(Prefix(name)), SortOrder: "ASCEND", SortTarget: "CREATE"}
 }
 
 // enqueue takes a lease and puts name's key for it, as Mutex.TryLock does,
