@@ -267,7 +267,7 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 			if wait >= 0 {
 				watch = q[wait].key
 			}
-			err = l.waitDelete(ctx, watch, wait < 0)
+			err = l.waitDelete(ctx, watch, wait < 0, i)
 		}
 		if err == nil {
 			q, i, err = l.requeue(ctx)
@@ -285,8 +285,11 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 // waitDelete waits until key is deleted (anyKey: until any key of l's
 // queue before l's own is), watching from the last revision l has seen,
 // and renews l's lease every ttl/3 meanwhile. It returns nil when it is
-// time to look at the queue again.
-func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool) error {
+// time to look at the queue again. ahead is how many lock keys were before
+// l's own: after each renewal it counts them again, and fewer is a deletion
+// too, so that a watch that stays open but says nothing (a proxy that holds
+// the stream's answers back) delays a waiter by ttl/3 at most, not forever.
+func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool, ahead int) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w := watchCreate{Key: []byte(key), StartRevision: l.seen + 1, Filters: []string{"NOPUT"}}
@@ -344,6 +347,9 @@ func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool) error {
 			if err := l.renew(ctx); err != nil {
 				return err
 			}
+			if n, err := l.ahead(ctx); err != nil || n < ahead {
+				return err
+			}
 			renew.Reset(time.Until(l.renewedAt.Add(interval)))
 		case a := <-answers:
 			switch {
@@ -394,6 +400,19 @@ func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 	}
 	l.seen = resp.Header.Revision
 	return l.place(rangeAt(resp, 0))
+}
+
+// ahead counts the lock keys before l's own, bounded by callTimeout.
+func (l *lease) ahead(ctx context.Context) (int, error) {
+	cctx, cancel := call(ctx)
+	defer cancel()
+	r := queueRange(l.name)
+	r.MaxCreateRevision = l.rev - 1
+	resp, err := l.c.get(cctx, r)
+	if err != nil {
+		return 0, l.b.classify(err)
+	}
+	return len(queue(l.name, resp.Kvs)), nil
 }
 
 // stamp writes the record again, with acquired_at now, once a waiter got
