@@ -50,8 +50,18 @@ func keys(t *testing.T, c *clientv3.Client, name string) []string {
 	return ks
 }
 
+// The conformance suite, on the system's etcd and on every release of
+// testenv.EtcdVersions.
 func TestConformance(t *testing.T) {
-	e := testenv.RequireEtcd(t)
+	for _, v := range append([]string{""}, testenv.EtcdVersions...) {
+		t.Run("etcd"+v, func(t *testing.T) {
+			t.Parallel()
+			testConformance(t, testenv.RequireEtcd(t, testenv.EtcdOptions{Version: v}))
+		})
+	}
+}
+
+func testConformance(t *testing.T, e *testenv.Etcd) {
 	c := client(t, e)
 	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, e.URL, opts) }
 	locktest.Run(t, open, locktest.Options{})
