@@ -246,19 +246,7 @@ func TestScripts(t *testing.T) {
 			e.Setenv("DBHOSTPORT", fmt.Sprintf("127.0.0.1:%d", r.Port))
 			return r.URL, r, nil
 		}},
-		{"etcd", func(t *testing.T) { testenv.RequireEtcd(t) }, func(e *testscript.Env) (string, server, error) {
-			s, err := testenv.StartEtcd() // ~200ms: one per script
-			if err != nil {
-				return "", nil, err
-			}
-			e.Setenv("CLOSED", "etcd://u:hunter22@127.0.0.1:1")
-			// etcdctl (3.4 speaks the v3 API by default) finds the
-			// script's server through its environment.
-			e.Setenv("ETCDCTL_API", "3")
-			e.Setenv("ETCDCTL_ENDPOINTS", s.Endpoint)
-			e.Setenv("ETCDHOSTPORT", s.Endpoint)
-			return s.URL, s, nil
-		}},
+		{"etcd", func(t *testing.T) { testenv.RequireEtcd(t) }, etcdScript(testenv.EtcdOptions{})},
 		{"mysql", func(t *testing.T) { testenv.RequireMariaDB(t) }, func(e *testscript.Env) (string, server, error) {
 			// About a second: one per script, since GET_LOCK's names are
 			// the whole server's.
@@ -305,7 +293,63 @@ func TestScripts(t *testing.T) {
 			if _, err := os.Stat(dir); err == nil {
 				t.Run("only", func(t *testing.T) { testscript.Run(t, params(dir, b.name, setup)) })
 			}
+			if b.name == "etcd" {
+				t.Run("versions", testEtcdVersions)
+			}
 		})
+	}
+}
+
+// etcdScript starts a script's own etcd server (~200ms) with o, with
+// etcdctl set up to reach it.
+func etcdScript(o testenv.EtcdOptions) func(e *testscript.Env) (string, server, error) {
+	return func(e *testscript.Env) (string, server, error) {
+		s, err := testenv.StartEtcd(o)
+		if err != nil {
+			return "", nil, err
+		}
+		e.Setenv("CLOSED", "etcd://u:hunter22@127.0.0.1:1")
+		// etcdctl (3.4 speaks the v3 API by default, to every later
+		// release too) finds the script's server through its environment.
+		e.Setenv("ETCDCTL_API", "3")
+		e.Setenv("ETCDCTL_ENDPOINTS", s.Endpoint)
+		e.Setenv("ETCDHOSTPORT", s.Endpoint)
+		return s.URL, s, nil
+	}
+}
+
+// testEtcdVersions runs testdata/script/etcd_versions on the system's etcd
+// and on each release of testenv.EtcdVersions, with simple auth tokens and
+// with JWTs that expire within a script's hold ($TOKENS says which); the
+// rest of the etcd scripts run on the system's etcd alone.
+func testEtcdVersions(t *testing.T) {
+	for _, v := range append([]string{""}, testenv.EtcdVersions...) {
+		for _, tokens := range []string{"simple", "jwt"} {
+			o := testenv.EtcdOptions{Version: v}
+			if tokens == "jwt" {
+				o.JWTTTL = 2 * time.Second
+			}
+			name := v
+			if v == "" {
+				name = "system"
+			}
+			t.Run(name+"/"+tokens, func(t *testing.T) {
+				t.Parallel()
+				testenv.RequireEtcd(t, o) // built and found, or skipped (failed under CI=true)
+				start := etcdScript(o)
+				testscript.Run(t, params("testdata/script/etcd_versions", "etcd", func(e *testscript.Env) error {
+					db, srv, err := start(e)
+					if err != nil {
+						return err
+					}
+					e.Values[stateKey{}].(*scriptState).server = srv
+					e.Setenv("DB", db)
+					e.Setenv("BACKEND", "etcd")
+					e.Setenv("TOKENS", tokens)
+					return nil
+				}))
+			})
+		}
 	}
 }
 

@@ -1,7 +1,12 @@
 package testenv
 
 import (
+	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +14,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -36,18 +43,58 @@ type Etcd struct {
 // EtcdOptions say how [StartEtcd] starts a server.
 type EtcdOptions struct {
 	TLS bool // the client port speaks only TLS; client certificates not asked for
+	// Version is the release to run: "" the system's etcd (Debian's 3.4),
+	// or one of EtcdVersions, built from the Go module proxy
+	// (internal/testenv/etcd35 and its siblings) into the user's cache.
+	Version string
+	// JWTTTL, if not 0, makes the server's auth tokens JWTs (RS256, a key
+	// pair of the server's own) that expire after JWTTTL; else they are
+	// simple tokens, which live in the server's memory alone. Either only
+	// matters once a test turned authentication on.
+	JWTTTL time.Duration
+}
+
+// EtcdVersions are the releases [EtcdOptions].Version can name, oldest
+// first: the newest patch release of each minor version the module proxy
+// serves.
+var EtcdVersions = []string{"3.5", "3.6", "3.7"}
+
+// ErrNoEtcdVersion is returned by [StartEtcd] when it cannot build the
+// etcd release a test asked for.
+var ErrNoEtcdVersion = errors.New("testenv: cannot build the test etcd releases (modules internal/testenv/etcd35, etcd36, etcd37): they need the go command in PATH and, the first time, the Go module proxy; run scripts/test-deps to build them ahead")
+
+// etcdBinary is the server of version v ("" the system's).
+func etcdBinary(v string) (string, error) {
+	if v == "" {
+		if bin := findProgram("etcd"); bin != "" && findProgram("etcdctl") != "" {
+			return bin, nil
+		}
+		return "", ErrNoEtcd
+	}
+	if !slices.Contains(EtcdVersions, v) {
+		return "", fmt.Errorf("testenv: no etcd %q; the versions are %q", v, EtcdVersions)
+	}
+	mod := "etcd" + strings.ReplaceAll(v, ".", "")
+	return cachedBuild(mod, "github.com/withlock/withlock/internal/testenv/"+mod, ErrNoEtcdVersion)
 }
 
 // StartEtcd starts a new etcd on free ports, ready (it has elected itself).
 func StartEtcd(opts ...EtcdOptions) (*Etcd, error) {
 	o := append(opts, EtcdOptions{})[0]
-	bin := findProgram("etcd")
-	if bin == "" || findProgram("etcdctl") == "" {
-		return nil, ErrNoEtcd
+	bin, err := etcdBinary(o.Version)
+	if err != nil {
+		return nil, err
 	}
 	proc, err := newProc(os.TempDir(), "etcd", nil, o.TLS)
 	if err != nil {
 		return nil, err
+	}
+	var jwt []string
+	if o.JWTTTL != 0 {
+		if jwt, err = writeJWTKeys(proc.Dir, o.JWTTTL); err != nil {
+			proc.Close()
+			return nil, err
+		}
 	}
 	e := &Etcd{proc: proc}
 	peerPort := 0
@@ -66,6 +113,7 @@ func StartEtcd(opts ...EtcdOptions) (*Etcd, error) {
 		if !o.TLS {
 			cmd.Args = cmd.Args[:len(cmd.Args)-4]
 		}
+		cmd.Args = append(cmd.Args, jwt...)
 		for _, kv := range os.Environ() { // it reads ETCD_* variables as flags
 			if !strings.HasPrefix(kv, "ETCD") {
 				cmd.Env = append(cmd.Env, kv)
@@ -96,7 +144,34 @@ func StartEtcd(opts ...EtcdOptions) (*Etcd, error) {
 // RequireEtcd is [StartEtcd] for t.
 func RequireEtcd(t testing.TB, opts ...EtcdOptions) *Etcd {
 	e, err := StartEtcd(opts...)
-	return require(t, e, err, ErrNoEtcd)
+	missing := ErrNoEtcd
+	if len(opts) > 0 && opts[0].Version != "" {
+		missing = ErrNoEtcdVersion
+	}
+	return require(t, e, err, missing)
+}
+
+// writeJWTKeys writes an RSA key pair into dir and returns the server's
+// flags that sign its auth tokens with it, valid for ttl.
+func writeJWTKeys(dir string, ttl time.Duration) ([]string, error) {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
+	}
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
+	}
+	files := map[string][]byte{
+		"jwt.key": pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
+		"jwt.pub": pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}),
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return nil, fmt.Errorf("testenv: %w", err)
+		}
+	}
+	return []string{"--auth-token", fmt.Sprintf("jwt,pub-key=jwt.pub,priv-key=jwt.key,sign-method=RS256,ttl=%s", ttl)}, nil
 }
 
 // clientURL is the address of the client port, http or, with TLS, https.
@@ -145,4 +220,20 @@ func (e *Etcd) Watchers() (int, error) {
 		return int(n), nil
 	}
 	return 0, fmt.Errorf("testenv: no watcher count in the server's /metrics (%v)", err)
+}
+
+// ServerVersion is the release the server says it runs (its /version):
+// "3.4.23", say.
+func (e *Etcd) ServerVersion() (string, error) {
+	body, err := e.get("/version")
+	if err != nil {
+		return "", err
+	}
+	var v struct {
+		Server string `json:"etcdserver"`
+	}
+	if err := json.Unmarshal([]byte(body), &v); err != nil || v.Server == "" {
+		return "", fmt.Errorf("testenv: no version in the server's /version: %q", body)
+	}
+	return v.Server, nil
 }

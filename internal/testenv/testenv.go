@@ -1,7 +1,8 @@
 // Package testenv starts the real servers withlock's tests run against, on
 // loopback, each in a temporary directory of its own: PostgreSQL (with
 // PgBouncer and hot standbys), redis-server, a MongoDB-wire server (FerretDB,
-// built from internal/testenv/ferretdb), MariaDB and etcd. No mocks.
+// built from internal/testenv/ferretdb), MariaDB and etcd (Debian's, and later
+// releases built from internal/testenv/etcd35 and its siblings). No mocks.
 //
 // Every server is a child of the test process, started with a parent-death
 // signal (SIGKILL): a test binary that crashes, or is killed, leaves no server

@@ -66,6 +66,29 @@ func TestEtcd(t *testing.T) {
 	checkLifecycle(t, e.proc, func(ctx context.Context) error { _, err := c.Put(ctx, "k", "v"); return err })
 }
 
+// Each etcd release of EtcdVersions is built (scripts/test-deps runs this
+// ahead, so that no test's time is charged for it), runs, and is the
+// release it claims to be; one of them with JWT auth tokens.
+func TestEtcdVersions(t *testing.T) {
+	for _, v := range EtcdVersions {
+		t.Run(v, func(t *testing.T) {
+			e := RequireEtcd(t, EtcdOptions{Version: v, JWTTTL: time.Minute})
+			got, err := e.ServerVersion()
+			if err != nil || !strings.HasPrefix(got, v+".") {
+				t.Fatalf("ServerVersion: %q, %v; want %s.x", got, err, v)
+			}
+			c, err := e.Client()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Put(t.Context(), "k", "v"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 func TestMariaDB(t *testing.T) {
 	m := RequireMariaDB(t)
 	rows, err := MySQLExec(t.Context(), m.URL, "select current_user(), @@performance_schema; select null")

@@ -20,7 +20,7 @@ import (
 // is a client of the few requests the lock needs, written here so that
 // withlock does not link the official client: its gRPC, protobuf and zap
 // packages initialise themselves in every withlock process, whatever its
-// backend (see README, Performance).
+// backend (docs/design.md).
 //
 // Keys and values are bytes, which encoding/json writes in base64, as the
 // gateway wants them; int64 fields are JSON strings (the ",string" tags).
@@ -115,27 +115,43 @@ func is(err error, msg string) bool {
 	return errors.As(err, &se) && se.msg == msg
 }
 
-// errorBody is an error in the gateway's JSON: {"code", "message"} (and
-// "error", the same message, from the grpc-gateway of etcd 3.4 and 3.5);
-// inside a stream, {"error": {"grpc_code" or "code", "message"}}.
+// errorBody is an error in the gateway's JSON. A unary request's answer
+// is {"code", "message"} (and "error", the same message, from the
+// grpc-gateway of etcd 3.4 and 3.5); a streaming request's (watch, lease
+// keep-alive) is {"error": {...}}, whether the HTTP status is 200 (the
+// stream had begun) or not, with "code" (etcd 3.6 and later) or
+// "grpc_code" and "http_code" (3.5) inside.
 type errorBody struct {
-	Code     *int   `json:"code"`
-	GRPCCode *int   `json:"grpc_code"`
-	Message  string `json:"message"`
-	Error    string `json:"error"`
+	Code     *int            `json:"code"`
+	GRPCCode *int            `json:"grpc_code"`
+	Message  string          `json:"message"`
+	Error    json.RawMessage `json:"error"`
 }
 
-func (b errorBody) err(status int) *serverError {
-	e := &serverError{code: codeUnknown, msg: b.Message, status: status}
-	if e.msg == "" {
-		e.msg = b.Error
+// parseError reads an error body in either shape; ok is false if body is
+// not one.
+func parseError(body []byte, status int) (e *serverError, ok bool) {
+	var b errorBody
+	if json.Unmarshal(body, &b) != nil {
+		return nil, false
 	}
+	if len(b.Error) > 0 && b.Error[0] == '{' {
+		return parseError(b.Error, status)
+	}
+	msg := b.Message
+	if msg == "" && len(b.Error) > 0 {
+		json.Unmarshal(b.Error, &msg)
+	}
+	if msg == "" {
+		return nil, false
+	}
+	e = &serverError{code: codeUnknown, msg: msg, status: status}
 	if b.GRPCCode != nil {
 		e.code = *b.GRPCCode
 	} else if b.Code != nil {
 		e.code = *b.Code
 	}
-	return e
+	return e, true
 }
 
 // httpError reads the error of an answer that is not 200. One without the
@@ -146,9 +162,8 @@ func httpError(resp *http.Response) error {
 	if err != nil {
 		return err
 	}
-	var b errorBody
-	if json.Unmarshal(body, &b) == nil && (b.Message != "" || b.Error != "") {
-		return b.err(resp.StatusCode)
+	if e, ok := parseError(body, resp.StatusCode); ok {
+		return e
 	}
 	e := &serverError{code: codeUnknown, status: resp.StatusCode, foreign: true,
 		msg: fmt.Sprintf("HTTP %s to %s, not an answer of etcd's v3 API (etcd 3.4 or later serves it on its client port)", resp.Status, resp.Request.URL.Path)}
@@ -158,11 +173,25 @@ func httpError(resp *http.Response) error {
 	return e
 }
 
+// tokenRefused reports whether err is the server refusing the auth token a
+// request to path sent, rather than the user: a token that expired (JWT
+// tokens have a TTL, simple tokens one of their own), that a restart or a
+// change of the user's password invalidated, or that is older than a change
+// of any user or role ("revision of auth store is old"). The server refused
+// it before doing anything, so the request can be sent again with a new
+// token. etcd 3.4 cancels a watch with "permission denied" for a token it
+// no longer knows; there, a denial that a new token meets again is a real
+// one.
+func tokenRefused(err error, path string) bool {
+	return is(err, msgInvalidToken) || is(err, msgAuthOldRevision) || path == watchPath && is(err, msgPermissionDenied)
+}
+
 // post sends body to path on the endpoint that answered last, or the next
 // one while they cannot be dialled, with the auth token, and returns the
-// answer if it is 200. A request refused for its token is sent again once
-// with a new one.
-func (c *client) post(ctx context.Context, path string, body []byte, header http.Header) (*http.Response, error) {
+// answer if it is 200 and read, which reads its first message (nil: none),
+// accepts it. A request whose token is refused, by the HTTP status or by
+// that first message, is sent again once with a new token.
+func (c *client) post(ctx context.Context, path string, body []byte, header http.Header, read func(*http.Response) error) (*http.Response, error) {
 	c.mu.Lock()
 	first := c.cur
 	c.mu.Unlock()
@@ -170,7 +199,7 @@ func (c *client) post(ctx context.Context, path string, body []byte, header http
 	for i := range c.endpoints {
 		ep := (first + i) % len(c.endpoints)
 		var resp *http.Response
-		resp, err = c.postTo(ctx, ep, path, body, header)
+		resp, err = c.postTo(ctx, ep, path, body, header, read)
 		if err == nil {
 			c.mu.Lock()
 			c.cur = ep
@@ -209,17 +238,22 @@ func cannotServe(err error) bool {
 
 // postTo is post to one endpoint: authenticating first when the URL has a
 // user and there is no token yet.
-func (c *client) postTo(ctx context.Context, ep int, path string, body []byte, header http.Header) (*http.Response, error) {
+func (c *client) postTo(ctx context.Context, ep int, path string, body []byte, header http.Header, read func(*http.Response) error) (*http.Response, error) {
 	for again := true; ; again = false {
 		token, err := c.authToken(ctx, ep)
 		if err != nil {
 			return nil, err
 		}
 		resp, err := c.send(ctx, ep, path, body, header, token)
+		if err == nil && read != nil {
+			if err = read(resp); err != nil {
+				resp.Body.Close()
+			}
+		}
 		if err == nil {
 			return resp, nil
 		}
-		if c.user != "" && again && (is(err, msgInvalidToken) || is(err, msgAuthOldRevision)) {
+		if c.user != "" && again && tokenRefused(err, path) {
 			c.dropToken(token)
 			continue
 		}
@@ -313,7 +347,7 @@ func (c *client) do(ctx context.Context, path string, in, out any) error {
 	if err != nil {
 		return err
 	}
-	resp, err := c.post(ctx, path, body, nil)
+	resp, err := c.post(ctx, path, body, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -337,26 +371,32 @@ type stream struct {
 // errStreamEnded is a stream that the server ended without an error.
 var errStreamEnded = errors.New("the stream ended")
 
-// openStream sends in to path, a streaming request. The gateway reads the
-// request's body as the messages to send, so the one message is all of
-// it; the server goes on answering after the body's end.
-func (c *client) openStream(ctx context.Context, path string, in any, header http.Header) (*stream, error) {
+// openStream sends in to path, a streaming request, and reads the first
+// message with first, which returns its error (the server's refusal of the
+// token too: the request is then sent again once with a new one). The
+// gateway reads the request's body as the messages to send, so the one
+// message is all of it; the server goes on answering after the body's end.
+func (c *client) openStream(ctx context.Context, path string, in any, header http.Header, first func(*stream) error) (*stream, error) {
 	body, err := json.Marshal(in)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.post(ctx, path, body, header)
+	var s *stream
+	_, err = c.post(ctx, path, body, header, func(resp *http.Response) error {
+		s = &stream{body: resp.Body, dec: json.NewDecoder(resp.Body)}
+		return first(s)
+	})
 	if err != nil {
 		return nil, err
 	}
-	return &stream{body: resp.Body, dec: json.NewDecoder(resp.Body)}, nil
+	return s, nil
 }
 
 // next decodes the next message into out.
 func (s *stream) next(out any) error {
 	var m struct {
 		Result json.RawMessage `json:"result"`
-		Error  *errorBody      `json:"error"`
+		Error  json.RawMessage `json:"error"`
 	}
 	if err := s.dec.Decode(&m); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -365,7 +405,10 @@ func (s *stream) next(out any) error {
 		return err
 	}
 	if m.Error != nil {
-		return m.Error.err(0)
+		if e, ok := parseError(m.Error, 0); ok {
+			return e
+		}
+		return fmt.Errorf("etcd sent a stream error that withlock cannot read: %.200s", m.Error)
 	}
 	if m.Result == nil {
 		return errors.New("etcd sent a stream message without a result")
@@ -408,6 +451,8 @@ type rangeRequest struct {
 	SortOrder  string `json:"sort_order,omitempty"`
 	SortTarget string `json:"sort_target,omitempty"`
 	KeysOnly   bool   `json:"keys_only,omitempty"`
+	// MaxCreateRevision leaves out the keys created after it.
+	MaxCreateRevision int64 `json:"max_create_revision,omitempty,string"`
 }
 
 type rangeResponse struct {
@@ -569,21 +614,17 @@ func (c *client) timeToLive(ctx context.Context, id int64) (int64, error) {
 func (c *client) keepAliveOnce(ctx context.Context, id int64) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s, err := c.openStream(ctx, "/v3/lease/keepalive", leaseRequest{ID: id}, nil)
+	var resp leaseResponse
+	s, err := c.openStream(ctx, "/v3/lease/keepalive", leaseRequest{ID: id}, nil, func(s *stream) error { return s.next(&resp) })
 	if err != nil {
 		return err
 	}
-	var resp leaseResponse
-	err = s.next(&resp)
 	// The server ends the stream right after its answer (the request's
 	// body has ended); a server that stalls then does not hold the
 	// renewal up for long: its connection is dropped instead.
 	t := time.AfterFunc(time.Second, cancel)
 	s.close()
 	t.Stop()
-	if err != nil {
-		return err
-	}
 	if resp.TTL <= 0 {
 		return &serverError{code: codeNotFound, msg: msgLeaseNotFound}
 	}
@@ -595,27 +636,24 @@ func (c *client) keepAliveOnce(ctx context.Context, id int64) error {
 // on as gRPC metadata.
 var requireLeader = http.Header{"Grpc-Metadata-Hasleader": {"true"}}
 
+const watchPath = "/v3/watch"
+
 // watch opens a watch and reads its first answer, which says that it was
 // created or why not.
 func (c *client) watch(ctx context.Context, w watchCreate) (*stream, error) {
-	s, err := c.openStream(ctx, "/v3/watch", watchRequest{Create: w}, requireLeader)
-	if err != nil {
-		return nil, err
-	}
-	var resp watchResponse
-	if err := s.next(&resp); err != nil {
-		s.abort()
-		return nil, err
-	}
-	if err := resp.err(); err != nil {
-		s.abort()
-		return nil, err
-	}
-	if !resp.Created {
-		s.abort()
-		return nil, errors.New("etcd did not say the watch was created")
-	}
-	return s, nil
+	return c.openStream(ctx, watchPath, watchRequest{Create: w}, requireLeader, func(s *stream) error {
+		var resp watchResponse
+		if err := s.next(&resp); err != nil {
+			return err
+		}
+		if err := resp.err(); err != nil {
+			return err
+		}
+		if !resp.Created {
+			return errors.New("etcd did not say the watch was created")
+		}
+		return nil
+	})
 }
 
 // err is the reason of a cancelled watch: a serverError with etcdserver's
@@ -640,14 +678,6 @@ func (r *watchResponse) err() error {
 
 // errCompacted is a watch from a revision the server no longer has.
 var errCompacted = errors.New("etcdserver: mvcc: required revision has been compacted")
-
-// forgetToken forgets the auth token, so that the next request fetches a
-// new one.
-func (c *client) forgetToken() {
-	c.mu.Lock()
-	c.token = ""
-	c.mu.Unlock()
-}
 
 // rangeAt is the keys read by the transaction's i-th request, a range.
 func rangeAt(resp *txnResponse, i int) []*keyValue {

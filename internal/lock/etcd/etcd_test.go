@@ -1,12 +1,16 @@
 package etcd_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
@@ -46,8 +50,18 @@ func keys(t *testing.T, c *clientv3.Client, name string) []string {
 	return ks
 }
 
+// The conformance suite, on the system's etcd and on every release of
+// testenv.EtcdVersions.
 func TestConformance(t *testing.T) {
-	e := testenv.RequireEtcd(t)
+	for _, v := range append([]string{""}, testenv.EtcdVersions...) {
+		t.Run("etcd"+v, func(t *testing.T) {
+			t.Parallel()
+			testConformance(t, testenv.RequireEtcd(t, testenv.EtcdOptions{Version: v}))
+		})
+	}
+}
+
+func testConformance(t *testing.T, e *testenv.Etcd) {
 	c := client(t, e)
 	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, e.URL, opts) }
 	locktest.Run(t, open, locktest.Options{})
@@ -715,9 +729,15 @@ func TestWaitAcrossRestart(t *testing.T) {
 
 // List finds the locks of every name in the key space, withlock's and the
 // recipe's (etcdctl lock's), and nothing else: not a key without a lease,
-// not a waiter.
+// not a waiter. On the system's etcd and on 3.7, whose keys-only reads
+// leave the keys' leases out.
 func TestList(t *testing.T) {
-	e := testenv.RequireEtcd(t)
+	for _, v := range []string{"", "3.7"} {
+		t.Run("etcd"+v, func(t *testing.T) { testList(t, testenv.RequireEtcd(t, testenv.EtcdOptions{Version: v})) })
+	}
+}
+
+func testList(t *testing.T, e *testenv.Etcd) {
 	c := client(t, e)
 	w := locktest.Open(t, e.URL, lock.Options{})
 	if _, err := w.TryAcquire(locktest.Context(t), "jobs/a"); err != nil {
@@ -813,4 +833,64 @@ func addUser(t *testing.T, e *testenv.Etcd, name, password, prefix string) {
 // driver, tries again.
 func TestOneDial(t *testing.T) {
 	locktest.RunOneDial(t, func(hostport string) string { return "etcd://" + hostport }, nil)
+}
+
+// A waiter whose watch stays open but never says anything (a proxy in
+// between that holds a stream's answers back) still gets the lock once it
+// is free: it counts the keys before its own at each renewal.
+func TestSilentWatch(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	target, _ := url.Parse("http://" + e.Endpoint)
+	forward := httputil.NewSingleHostReverseProxy(target)
+	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v3/watch" {
+			forward.ServeHTTP(w, r)
+			return
+		}
+		// The watch is created, and its answer that says so passes; the
+		// rest is held back until the waiter lets go.
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, target.String()+r.URL.Path, r.Body)
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		first, _ := bufio.NewReader(resp.Body).ReadBytes('\n')
+		w.WriteHeader(resp.StatusCode)
+		w.Write(first)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	defer silent.Close()
+	name := locktest.Name(t)
+	ha, err := locktest.Open(t, e.URL, lock.Options{}).Acquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 3 * time.Second
+	b := locktest.Open(t, "etcd://"+strings.TrimPrefix(silent.URL, "http://"), lock.Options{TTL: ttl})
+	got := make(chan *lock.Held, 1)
+	go func() {
+		h, err := b.Acquire(locktest.Context(t), name)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	waitWatchers(t, e, 1)
+	if err := ha.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	select {
+	case h := <-got:
+		if h != nil {
+			t.Logf("the waiter got the lock %v after the release", time.Since(released))
+			h.Release(locktest.Context(t))
+		}
+	case <-time.After(ttl/3 + 5*time.Second):
+		t.Fatalf("the waiter did not get the lock within ttl/3 + 5s of the release")
+	}
 }

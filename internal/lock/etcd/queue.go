@@ -57,8 +57,13 @@ func (e entry) mode() lock.Mode {
 // withlock's locks "a" and "a/b" are two locks; etcdctl lock "a" counts
 // the keys of "a/b" too.
 func lockKey(prefix string, kv *keyValue) bool {
-	id := string(kv.Key[len(prefix):])
-	if kv.Lease == 0 || id == "" || len(id) > 16 {
+	return kv.Lease != 0 && lockID(string(kv.Key[len(prefix):]))
+}
+
+// lockID reports whether id, the last path element of a key, is a lease
+// ID in hex, as a lock key's is.
+func lockID(id string) bool {
+	if id == "" || len(id) > 16 {
 		return false
 	}
 	for _, c := range id {
@@ -155,15 +160,18 @@ func (b *backend) record() string {
 	return string(v)
 }
 
-// getQueue reads name's keys in queue order. Only a shared or semaphore key
-// needs to know the others' modes.
+// getQueue reads name's keys in queue order.
 func (b *backend) getQueue(name string) requestOp {
-	return requestOp{Range: queueRange(name, b.opts.Mode == lock.Exclusive)}
+	return requestOp{Range: queueRange(name)}
 }
 
-// queueRange reads name's keys in the order of their create revisions.
-func queueRange(name string, keysOnly bool) *rangeRequest {
-	return &rangeRequest{Key: []byte(Prefix(name)), RangeEnd: prefixEnd(Prefix(name)), SortOrder: "ASCEND", SortTarget: "CREATE", KeysOnly: keysOnly}
+// queueRange reads name's keys in the order of their create revisions,
+// with their values. Not keys only, although an exclusive key needs only
+// the others' leases: etcd 3.7 answers a keys-only read from its index,
+// which has no leases, and the lease is what tells a lock key from a key
+// of data.
+func queueRange(name string) *rangeRequest {
+	return &rangeRequest{Key: []byte(Prefix(name)), RangeEnd: prefixEnd(Prefix(name)), SortOrder: "ASCEND", SortTarget: "CREATE"}
 }
 
 // enqueue takes a lease and puts name's key for it, as Mutex.TryLock does,
@@ -259,7 +267,7 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 			if wait >= 0 {
 				watch = q[wait].key
 			}
-			err = l.waitDelete(ctx, watch, wait < 0)
+			err = l.waitDelete(ctx, watch, wait < 0, i)
 		}
 		if err == nil {
 			q, i, err = l.requeue(ctx)
@@ -277,8 +285,11 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 // waitDelete waits until key is deleted (anyKey: until any key of l's
 // queue before l's own is), watching from the last revision l has seen,
 // and renews l's lease every ttl/3 meanwhile. It returns nil when it is
-// time to look at the queue again.
-func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool) error {
+// time to look at the queue again. ahead is how many lock keys were before
+// l's own: after each renewal it counts them again, and fewer is a deletion
+// too, so that a watch that stays open but says nothing (a proxy that holds
+// the stream's answers back) delays a waiter by ttl/3 at most, not forever.
+func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool, ahead int) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w := watchCreate{Key: []byte(key), StartRevision: l.seen + 1, Filters: []string{"NOPUT"}}
@@ -336,6 +347,9 @@ func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool) error {
 			if err := l.renew(ctx); err != nil {
 				return err
 			}
+			if n, err := l.ahead(ctx); err != nil || n < ahead {
+				return err
+			}
 			renew.Reset(time.Until(l.renewedAt.Add(interval)))
 		case a := <-answers:
 			switch {
@@ -345,12 +359,6 @@ func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool) error {
 				return nil // the revision is gone: look at the queue as it is now
 			case errors.Is(a.err, errStreamEnded):
 				return lock.Errorf(lock.ErrUnavailable, "etcd at %s: the watch of %s ended", l.b.addr, key)
-			case is(a.err, msgPermissionDenied) || is(a.err, msgInvalidToken):
-				// The transaction just before read these keys with the same
-				// token, so it is the token that the watch found wanting
-				// (etcd 3.4 says "permission denied" for an expired one).
-				l.c.forgetToken()
-				return lock.Errorf(lock.ErrUnavailable, "etcd at %s: the watch of %s was refused (%s); its auth token may have expired", l.b.addr, key, a.err)
 			case a.err != nil:
 				return l.b.classify(a.err)
 			}
@@ -392,6 +400,19 @@ func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 	}
 	l.seen = resp.Header.Revision
 	return l.place(rangeAt(resp, 0))
+}
+
+// ahead counts the lock keys before l's own, bounded by callTimeout.
+func (l *lease) ahead(ctx context.Context) (int, error) {
+	cctx, cancel := call(ctx)
+	defer cancel()
+	r := queueRange(l.name)
+	r.MaxCreateRevision = l.rev - 1
+	resp, err := l.c.get(cctx, r)
+	if err != nil {
+		return 0, l.b.classify(err)
+	}
+	return len(queue(l.name, resp.Kvs)), nil
 }
 
 // stamp writes the record again, with acquired_at now, once a waiter got

@@ -18,7 +18,7 @@ func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) 
 }
 
 func (b *backend) inspect(ctx context.Context, c *client, name string) ([]entry, lock.State, error) {
-	resp, err := c.get(ctx, queueRange(name, false))
+	resp, err := c.get(ctx, queueRange(name))
 	if err != nil {
 		return nil, lock.State{}, b.classify(err)
 	}
@@ -81,7 +81,11 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 		for _, kv := range resp.Kvs {
 			k := string(kv.Key)
 			i := strings.LastIndexByte(k, '/')
-			if i < 0 || !lockKey(k[:i+1], kv) || seen[k[:i]] {
+			// A keys-only read does not say whether a key has a lease
+			// (etcd 3.7 leaves it out): a key that looks like a lock key
+			// names a lock to look at, and inspect, which reads the
+			// leases, tells.
+			if i < 0 || !lockID(k[i+1:]) || seen[k[:i]] {
 				continue
 			}
 			seen[k[:i]] = true
