@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,7 +81,50 @@ func etcdBinary(v string) (string, error) {
 
 // StartEtcd starts a new etcd on free ports, ready (it has elected itself).
 func StartEtcd(opts ...EtcdOptions) (*Etcd, error) {
+	return startEtcdMember(append(opts, EtcdOptions{})[0], "withlock", 0, "")
+}
+
+// StartEtcdCluster starts a cluster of n new members, each on free ports
+// of its own, and returns them once every one knows a leader.
+func StartEtcdCluster(n int, opts ...EtcdOptions) ([]*Etcd, error) {
 	o := append(opts, EtcdOptions{})[0]
+	peers := make([]string, n)
+	ports := make([]int, n)
+	for i := range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("testenv: %w", err)
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		peers[i] = fmt.Sprintf("m%d=http://127.0.0.1:%d", i, ports[i])
+	}
+	members := make([]*Etcd, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n { // at once: a member is ready only once a majority runs
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			members[i], errs[i] = startEtcdMember(o, fmt.Sprintf("m%d", i), ports[i], strings.Join(peers, ","))
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, m := range members {
+			if m != nil {
+				m.Close()
+			}
+		}
+		return nil, err
+	}
+	return members, nil
+}
+
+// startEtcdMember starts the member name of the cluster initialCluster
+// (etcd's --initial-cluster), whose peer port is peerPort; with no cluster,
+// a cluster of this one member, on a peer port of its own.
+func startEtcdMember(o EtcdOptions, name string, peerPort int, initialCluster string) (*Etcd, error) {
 	bin, err := etcdBinary(o.Version)
 	if err != nil {
 		return nil, err
@@ -97,7 +141,6 @@ func StartEtcd(opts ...EtcdOptions) (*Etcd, error) {
 		}
 	}
 	e := &Etcd{proc: proc}
-	peerPort := 0
 	proc.command = func() *exec.Cmd {
 		if peerPort == 0 { // the member's data names its peer URL: one for good
 			l, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -106,9 +149,13 @@ func StartEtcd(opts ...EtcdOptions) (*Etcd, error) {
 		}
 		client := e.clientURL()
 		peer := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
-		cmd := exec.Command(bin, "--name", "withlock", "--data-dir", "data", "--listen-client-urls", client,
+		cluster := initialCluster
+		if cluster == "" {
+			cluster = name + "=" + peer
+		}
+		cmd := exec.Command(bin, "--name", name, "--data-dir", "data", "--listen-client-urls", client,
 			"--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-			"--initial-cluster", "withlock="+peer, "--heartbeat-interval", "10", "--election-timeout", "100",
+			"--initial-cluster", cluster, "--heartbeat-interval", "10", "--election-timeout", "100",
 			"--logger", "zap", "--log-outputs", "stderr", "--cert-file", "server.crt", "--key-file", "server.key")
 		if !o.TLS {
 			cmd.Args = cmd.Args[:len(cmd.Args)-4]
