@@ -27,6 +27,10 @@ type Lease struct {
 	Kind       string     `json:"kind"`
 	Metadata   ObjectMeta `json:"metadata"`
 	Spec       LeaseSpec  `json:"spec"`
+
+	// served is the API server's clock when it sent this copy: the Date
+	// of its answer, in whole seconds (truncated); zero if it gave none.
+	served time.Time
 }
 
 // ObjectMeta is a Lease's metadata.
@@ -36,6 +40,19 @@ type ObjectMeta struct {
 	ResourceVersion string            `json:"resourceVersion,omitempty"`
 	Labels          map[string]string `json:"labels,omitempty"`
 	Annotations     map[string]string `json:"annotations,omitempty"`
+	// ManagedFields is read only: the server keeps its own when a write
+	// leaves it out, and every write does (see send).
+	ManagedFields []ManagedFields `json:"managedFields,omitempty"`
+}
+
+// ManagedFields is one entry of a Lease's metadata.managedFields: which
+// fields a field manager last set, and when, by the API server's clock in
+// whole seconds.
+type ManagedFields struct {
+	Manager   string          `json:"manager"`
+	Operation string          `json:"operation"`
+	Time      string          `json:"time"`
+	FieldsV1  json.RawMessage `json:"fieldsV1,omitempty"`
 }
 
 // LeaseSpec is a Lease's spec. The times are MicroTime: RFC 3339 with
@@ -155,16 +172,12 @@ func (c *client) request(ctx context.Context, method, path string, query url.Val
 	return req, nil
 }
 
-// do makes one call and decodes a 2xx answer into out. Errors are an
-// *apiError (the server answered otherwise), a *pluginError, or the
-// transport's.
-func (c *client) do(ctx context.Context, method, path string, query url.Values, in, out any) error {
-	_, err := c.call(ctx, method, path, query, in, out)
-	return err
-}
-
-// call is do that also returns the answer's status code.
-func (c *client) call(ctx context.Context, method, path string, query url.Values, in, out any) (int, error) {
+// call makes one call and decodes a 2xx answer into out. It returns the
+// answer's status code and the time the API server stamped on it: its
+// Date header, the server's clock in whole seconds (zero without one).
+// Errors are an *apiError (the server answered otherwise), a
+// *pluginError, or the transport's.
+func (c *client) call(ctx context.Context, method, path string, query url.Values, in, out any) (int, time.Time, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, callTimeout)
@@ -172,16 +185,17 @@ func (c *client) call(ctx context.Context, method, path string, query url.Values
 	}
 	req, err := c.request(ctx, method, path, query, in)
 	if err != nil {
-		return 0, err
+		return 0, time.Time{}, err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, time.Time{}, err
 	}
 	defer resp.Body.Close()
+	date, _ := http.ParseTime(resp.Header.Get("Date"))
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return 0, err
+		return 0, time.Time{}, err
 	}
 	if resp.StatusCode/100 != 2 {
 		e := &apiError{code: resp.StatusCode}
@@ -189,31 +203,47 @@ func (c *client) call(ctx context.Context, method, path string, query url.Values
 		if resp.StatusCode == http.StatusUnauthorized {
 			c.cfg.auth.unauthorized()
 		}
-		return resp.StatusCode, e
+		return resp.StatusCode, date, e
 	}
 	if out != nil {
 		if err := json.Unmarshal(body, out); err != nil {
-			return resp.StatusCode, fmt.Errorf("the API server's answer is not JSON: %v", err)
+			return resp.StatusCode, date, fmt.Errorf("the API server's answer is not JSON: %v", err)
 		}
 	}
-	return resp.StatusCode, nil
+	return resp.StatusCode, date, nil
 }
 
 func (c *client) get(ctx context.Context, ns, name string) (*Lease, error) {
-	var l Lease
-	if err := c.do(ctx, http.MethodGet, c.leasesPath(ns)+"/"+url.PathEscape(name), nil, nil, &l); err != nil {
+	l := &Lease{}
+	_, date, err := c.call(ctx, http.MethodGet, c.leasesPath(ns)+"/"+url.PathEscape(name), nil, nil, l)
+	if err != nil {
 		return nil, err
 	}
-	return &l, nil
+	l.served = date
+	return l, nil
+}
+
+// fieldManager names withlock's writes in a Lease's managedFields.
+const fieldManager = "withlock"
+
+// send is l as a write sends it: typed, and without managedFields, which
+// the server then keeps and updates itself.
+func send(l *Lease) *Lease {
+	out := *l
+	out.APIVersion, out.Kind = "coordination.k8s.io/v1", "Lease"
+	out.Metadata.ManagedFields = nil
+	return &out
 }
 
 func (c *client) create(ctx context.Context, ns string, l *Lease) (*Lease, error) {
-	l.APIVersion, l.Kind = "coordination.k8s.io/v1", "Lease"
-	var out Lease
-	if err := c.do(ctx, http.MethodPost, c.leasesPath(ns), nil, l, &out); err != nil {
+	out := &Lease{}
+	q := url.Values{"fieldManager": {fieldManager}}
+	_, date, err := c.call(ctx, http.MethodPost, c.leasesPath(ns), q, send(l), out)
+	if err != nil {
 		return nil, err
 	}
-	return &out, nil
+	out.served = date
+	return out, nil
 }
 
 // update replaces the Lease if its resourceVersion is still l's (else a
@@ -222,19 +252,32 @@ func (c *client) create(ctx context.Context, ns string, l *Lease) (*Lease, error
 // server checks the version only against a stored object). created says
 // that this happened (201 Created instead of 200 OK).
 func (c *client) update(ctx context.Context, ns string, l *Lease) (out *Lease, created bool, err error) {
-	l.APIVersion, l.Kind = "coordination.k8s.io/v1", "Lease"
+	return c.updateAs(ctx, ns, l, fieldManager)
+}
+
+// updateAs is update recorded in managedFields under the field manager
+// manager.
+func (c *client) updateAs(ctx context.Context, ns string, l *Lease, manager string) (out *Lease, created bool, err error) {
 	out = &Lease{}
-	code, err := c.call(ctx, http.MethodPut, c.leasesPath(ns)+"/"+url.PathEscape(l.Metadata.Name), nil, l, out)
+	q := url.Values{"fieldManager": {manager}}
+	code, date, err := c.call(ctx, http.MethodPut, c.leasesPath(ns)+"/"+url.PathEscape(l.Metadata.Name), q, send(l), out)
 	if err != nil {
 		return nil, false, err
 	}
+	out.served = date
 	return out, code == http.StatusCreated, nil
 }
 
+// list returns the Leases that query selects, each with the time the
+// server sent the list.
 func (c *client) list(ctx context.Context, ns string, query url.Values) (*leaseList, error) {
 	var l leaseList
-	if err := c.do(ctx, http.MethodGet, c.leasesPath(ns), query, nil, &l); err != nil {
+	_, date, err := c.call(ctx, http.MethodGet, c.leasesPath(ns), query, nil, &l)
+	if err != nil {
 		return nil, err
+	}
+	for i := range l.Items {
+		l.Items[i].served = date
 	}
 	return &l, nil
 }

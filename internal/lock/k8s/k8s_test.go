@@ -2,9 +2,12 @@ package k8s_test
 
 import (
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -88,7 +91,7 @@ func TestConformance(t *testing.T) {
 		if err := k.Do("DELETE", leasePath(ns, k8s.LeaseName(name)), nil, nil); err != nil {
 			t.Fatalf("deleting the Lease: %v", err)
 		}
-	}, locktest.LeaseOptions{WholeSeconds: true})
+	}, locktest.LeaseOptions{WholeSeconds: true, Margin: time.Second})
 	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
 	locktest.RunModes(t, open, locktest.ModeOptions{NoShared: true, RecordsN: true, Lease: true})
 }
@@ -351,5 +354,92 @@ func TestContenders(t *testing.T) {
 	wg.Wait()
 	if last != 80 {
 		t.Errorf("last token %d; want 80 acquisitions counted", last)
+	}
+}
+
+// TestRenewalRecord checks, on the real API server, the record that expiry
+// is judged by: withlock's entry in managedFields (field manager
+// "withlock") owns spec.renewTime, and its time, the server's clock in
+// whole seconds, moves with every renewal; the write of --hold-at-least
+// (field manager "withlock-hold") changes only leaseDurationSeconds and
+// leaves that time where it was.
+func TestRenewalRecord(t *testing.T) {
+	k, ns, url := space(t)
+	c := locktest.Open(t, url, lock.Options{TTL: 30 * time.Second})
+	name := locktest.Name(t)
+	ctx := locktest.Context(t)
+	l, err := c.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func() (k8s.Lease, time.Time) {
+		t.Helper()
+		var got k8s.Lease
+		if err := k.Do("GET", leasePath(ns, k8s.LeaseName(name)), nil, &got); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range got.Metadata.ManagedFields {
+			if m.Manager == "withlock" && strings.Contains(string(m.FieldsV1), `"f:renewTime"`) {
+				at, err := time.Parse(time.RFC3339, m.Time)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got, at
+			}
+		}
+		t.Fatalf("no managedFields entry of withlock owns spec.renewTime: %+v", got.Metadata.ManagedFields)
+		return got, time.Time{}
+	}
+	_, prev := read()
+	for i := range 3 {
+		serverPast(t, k, prev)
+		if err := l.Keep(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_, at := read()
+		if !at.After(prev) {
+			t.Fatalf("renewal %d: the record stayed at %s", i+1, prev.Format(time.RFC3339))
+		}
+		prev = at
+	}
+	serverPast(t, k, prev)
+	if err := l.(lock.Lingerer).ReleaseAt(ctx, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	got, at := read()
+	if !at.Equal(prev) {
+		t.Errorf("the write of --hold-at-least moved the record from %s to %s", prev.Format(time.RFC3339), at.Format(time.RFC3339))
+	}
+	if d := got.Spec.LeaseDurationSeconds; d >= 30 || d < 1 {
+		t.Errorf("leaseDurationSeconds %d after the hold's write; want the hold's end, not the ttl", d)
+	}
+}
+
+// serverPast waits until the API server's clock (the Date of its answers)
+// is past t, so that its next record of a write is a later second.
+func serverPast(t *testing.T, k *testenv.Kube, t0 time.Time) {
+	t.Helper()
+	pem, err := os.ReadFile(k.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	defer hc.CloseIdleConnections()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		req, _ := http.NewRequest("GET", k.URL+"/version", nil)
+		req.Header.Set("Authorization", "Bearer "+k.AdminToken)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if now, err := http.ParseTime(resp.Header.Get("Date")); err == nil && now.After(t0) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the API server's Date did not pass %s within 10s", t0.Format(time.RFC3339))
+		}
 	}
 }
