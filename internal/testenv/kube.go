@@ -80,13 +80,16 @@ func StartKube() (*Kube, error) {
 		// One key serves TLS and signs the service account tokens (the
 		// certificate gives the public key that checks them): a test server.
 		// Priority and fairness off: it adds work at start and nothing here.
+		// Coordinated leader election on, so that a Lease keeps
+		// spec.strategy and spec.preferredHolder as clusters that use it do.
 		return exec.Command(bin, "--etcd-servers=http://"+k.Etcd.Endpoint, "--bind-address=127.0.0.1",
 			"--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(k.Port), "--cert-dir=.",
 			"--tls-cert-file=server.crt", "--tls-private-key-file=server.key", "--token-auth-file=tokens.csv",
 			"--authorization-mode=RBAC", "--service-account-issuer=https://kubernetes.default.svc",
 			"--service-account-key-file=server.crt", "--service-account-signing-key-file=server.key",
 			"--service-cluster-ip-range=10.96.0.0/24", "--endpoint-reconciler-type=none",
-			"--enable-priority-and-fairness=false", "--profiling=false")
+			"--enable-priority-and-fairness=false", "--profiling=false",
+			"--feature-gates=CoordinatedLeaderElection=true", "--runtime-config=coordination.k8s.io/v1beta1=true")
 	}
 	p.ready = func() error { return k.do(context.Background(), k.AdminToken, "GET", "/readyz", nil, nil) }
 	if err := p.launch(false); err != nil {

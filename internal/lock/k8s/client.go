@@ -21,7 +21,9 @@ import (
 
 // Lease is the part of a coordination.k8s.io/v1 Lease that withlock reads
 // and writes. Written with PUT, the object replaces the stored one, so a
-// field left out here (holderIdentity on release) is cleared.
+// field left out here (holderIdentity on release) is cleared; the fields
+// other tools set (labels, annotations, ownerReferences, finalizers,
+// strategy, preferredHolder) are here so that they are written back.
 type Lease struct {
 	APIVersion string     `json:"apiVersion"`
 	Kind       string     `json:"kind"`
@@ -40,6 +42,9 @@ type ObjectMeta struct {
 	ResourceVersion string            `json:"resourceVersion,omitempty"`
 	Labels          map[string]string `json:"labels,omitempty"`
 	Annotations     map[string]string `json:"annotations,omitempty"`
+	// Kept as read, for tools that share the Lease.
+	OwnerReferences json.RawMessage `json:"ownerReferences,omitempty"`
+	Finalizers      []string        `json:"finalizers,omitempty"`
 	// ManagedFields is read only: the server keeps its own when a write
 	// leaves it out, and every write does (see send).
 	ManagedFields []ManagedFields `json:"managedFields,omitempty"`
@@ -63,6 +68,9 @@ type LeaseSpec struct {
 	AcquireTime          string `json:"acquireTime,omitempty"`
 	RenewTime            string `json:"renewTime,omitempty"`
 	LeaseTransitions     int32  `json:"leaseTransitions,omitempty"`
+	// Kept as read: how a coordinated leader election picks its leader.
+	Strategy        string `json:"strategy,omitempty"`
+	PreferredHolder string `json:"preferredHolder,omitempty"`
 }
 
 // microTime is metav1.MicroTime's format.

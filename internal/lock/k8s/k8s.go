@@ -372,13 +372,19 @@ func (b *backend) hold(l *Lease, name string, now time.Time, transitions int32) 
 		AcquireTime:          formatMicro(now),
 		RenewTime:            formatMicro(now),
 		LeaseTransitions:     transitions,
+		Strategy:             l.Spec.Strategy,
+		PreferredHolder:      l.Spec.PreferredHolder,
 	}
 }
 
 // freed is l with no holder: the holder's fields and record cleared, the
-// count of acquisitions and the lock's name kept.
+// count of acquisitions, the lock's name and what other tools wrote kept.
 func freed(l *Lease) *Lease {
-	out := &Lease{Metadata: l.Metadata, Spec: LeaseSpec{LeaseTransitions: l.Spec.LeaseTransitions}}
+	out := &Lease{Metadata: l.Metadata, Spec: LeaseSpec{
+		LeaseTransitions: l.Spec.LeaseTransitions,
+		Strategy:         l.Spec.Strategy,
+		PreferredHolder:  l.Spec.PreferredHolder,
+	}}
 	m := map[string]string{}
 	for k, v := range l.Metadata.Annotations {
 		switch k {

@@ -443,3 +443,75 @@ func serverPast(t *testing.T, k *testenv.Kube, t0 time.Time) {
 		}
 	}
 }
+
+// TestForeignFields: a Lease shared with other tools keeps what withlock
+// does not own through an acquisition, a renewal, a release and a release
+// --force: labels, annotations, ownerReferences, finalizers,
+// spec.strategy and spec.preferredHolder.
+func TestForeignFields(t *testing.T) {
+	k, ns, url := space(t)
+	name := "shared-lease" // the namespace is the test's own
+	owner := map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": "6f1c1d6e-2c57-4d1e-9a59-3a8c0d9f1a11"}
+	lease := map[string]any{
+		"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+		"metadata": map[string]any{
+			"name":            name,
+			"labels":          map[string]string{"team": "db"},
+			"annotations":     map[string]string{"example.com/note": "kept"},
+			"ownerReferences": []any{owner},
+			"finalizers":      []string{"example.com/keep"},
+		},
+		"spec": map[string]any{"strategy": "OldestEmulationVersion", "preferredHolder": "other-tool"},
+	}
+	if err := k.Do("POST", "/apis/coordination.k8s.io/v1/namespaces/"+ns+"/leases", lease, nil); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		var got struct {
+			Metadata struct {
+				Labels          map[string]string `json:"labels"`
+				Annotations     map[string]string `json:"annotations"`
+				OwnerReferences []map[string]any  `json:"ownerReferences"`
+				Finalizers      []string          `json:"finalizers"`
+			} `json:"metadata"`
+			Spec struct {
+				Strategy        string `json:"strategy"`
+				PreferredHolder string `json:"preferredHolder"`
+			} `json:"spec"`
+		}
+		if err := k.Do("GET", leasePath(ns, name), nil, &got); err != nil {
+			t.Fatal(err)
+		}
+		m, s := got.Metadata, got.Spec
+		if m.Labels["team"] != "db" || m.Annotations["example.com/note"] != "kept" ||
+			len(m.OwnerReferences) != 1 || m.OwnerReferences[0]["uid"] != owner["uid"] ||
+			len(m.Finalizers) != 1 || m.Finalizers[0] != "example.com/keep" ||
+			s.Strategy != "OldestEmulationVersion" || s.PreferredHolder != "other-tool" {
+			t.Errorf("after %s: %+v, spec %+v; want the other tool's fields kept", when, m, s)
+		}
+	}
+	check("the other tool's create")
+	c := locktest.Open(t, url, lock.Options{TTL: 30 * time.Second})
+	ctx := locktest.Context(t)
+	l, err := c.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("an acquisition")
+	if err := l.Keep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("a renewal")
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("a release")
+	if _, err := c.TryAcquire(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Backend.(lock.Breaker).Break(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	check("release --force")
+}
