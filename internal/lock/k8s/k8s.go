@@ -89,7 +89,7 @@ type observation struct {
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	if opts.Mode == lock.Shared {
-		return nil, lock.Errorf(lock.ErrUsage, "the k8s:// backend has no shared locks: a Lease has one holder (--max-holders N takes N Leases)")
+		return nil, lock.Errorf(lock.ErrUsage, "the k8s:// backend has no shared locks: a Lease has one holder; use --max-holders N for N at once, or a backend with shared locks (postgres, redis, mongodb, etcd) for readers and writers")
 	}
 	cfg, err := loadConfig(u)
 	if err != nil {
