@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/withlock/withlock/internal/lock"
@@ -125,12 +126,16 @@ type client struct {
 const callTimeout = 10 * time.Second
 
 func newClient(cfg *config) *client {
+	d := &dialer{
+		d:     net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second},
+		conns: map[*trackedConn]struct{}{},
+	}
+	if cfg.auth.exec != nil {
+		cfg.auth.exec.rotated = d.closeAll
+	}
 	tr := &http.Transport{
-		Proxy: http.ProxyFromEnvironment,
-		DialContext: (&net.Dialer{
-			Timeout:   5 * time.Second,
-			KeepAlive: 15 * time.Second,
-		}).DialContext,
+		Proxy:               http.ProxyFromEnvironment,
+		DialContext:         d.DialContext,
 		TLSClientConfig:     cfg.tls,
 		TLSHandshakeTimeout: 5 * time.Second,
 		MaxIdleConnsPerHost: 4,
@@ -141,6 +146,55 @@ func newClient(cfg *config) *client {
 		TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
 	return &client{cfg: cfg, http: &http.Client{Transport: tr}}
+}
+
+// dialer dials the API server and keeps a set of the connections it made
+// that are still open, so that a new client certificate can close them
+// all, as client-go does on rotation: a TLS connection keeps the
+// certificate of its handshake, and the pool reuses an idle one for as
+// long as renewals come every ttl/3, past the old certificate's expiry.
+type dialer struct {
+	d     net.Dialer
+	mu    sync.Mutex
+	conns map[*trackedConn]struct{}
+}
+
+func (d *dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	conn, err := d.d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := &trackedConn{Conn: conn, d: d}
+	d.mu.Lock()
+	d.conns[tc] = struct{}{}
+	d.mu.Unlock()
+	return tc, nil
+}
+
+// closeAll closes every open connection: requests in flight on them fail
+// (and are retried like any outage), and new ones dial afresh.
+func (d *dialer) closeAll() {
+	d.mu.Lock()
+	conns := make([]*trackedConn, 0, len(d.conns))
+	for c := range d.conns {
+		conns = append(conns, c)
+	}
+	d.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+type trackedConn struct {
+	net.Conn
+	d *dialer
+}
+
+func (c *trackedConn) Close() error {
+	c.d.mu.Lock()
+	delete(c.d.conns, c)
+	c.d.mu.Unlock()
+	return c.Conn.Close()
 }
 
 func (c *client) leasesPath(ns string) string {
@@ -191,26 +245,35 @@ func (c *client) call(ctx context.Context, method, path string, query url.Values
 		ctx, cancel = context.WithTimeout(ctx, callTimeout)
 		defer cancel()
 	}
-	req, err := c.request(ctx, method, path, query, in)
-	if err != nil {
-		return 0, time.Time{}, err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0, time.Time{}, err
-	}
-	defer resp.Body.Close()
-	date, _ := http.ParseTime(resp.Header.Get("Date"))
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return 0, time.Time{}, err
+	var (
+		resp *http.Response
+		date time.Time
+		body []byte
+	)
+	for retried := false; ; retried = true {
+		req, err := c.request(ctx, method, path, query, in)
+		if err != nil {
+			return 0, time.Time{}, err
+		}
+		if resp, err = c.http.Do(req); err != nil {
+			return 0, time.Time{}, err
+		}
+		date, _ = http.ParseTime(resp.Header.Get("Date"))
+		body, err = io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+		resp.Body.Close()
+		if err != nil {
+			return 0, time.Time{}, err
+		}
+		// A 401 may be credentials gone stale in a cache (a plugin's token
+		// revoked before its expiry, a token file replaced just after it
+		// was read): once, with fresh ones.
+		if resp.StatusCode != http.StatusUnauthorized || retried || !c.cfg.auth.unauthorized() {
+			break
+		}
 	}
 	if resp.StatusCode/100 != 2 {
 		e := &apiError{code: resp.StatusCode}
 		json.Unmarshal(body, &e.status)
-		if resp.StatusCode == http.StatusUnauthorized {
-			c.cfg.auth.unauthorized()
-		}
 		return resp.StatusCode, date, e
 	}
 	if out != nil {

@@ -346,8 +346,8 @@ func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 		if len(cfg.Certificates) == 0 {
 			cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 				// The request ran the plugin before it dialled.
-				if cred := a.exec.cached(); cred != nil && cred.cert != nil {
-					return cred.cert, nil
+				if cert := a.exec.certificate(); cert != nil {
+					return cert, nil
 				}
 				return &tls.Certificate{}, nil
 			}

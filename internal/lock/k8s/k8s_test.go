@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -514,4 +515,113 @@ func TestForeignFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("release --force")
+}
+
+// TestStaleToken401: an exec plugin whose cached token the server refuses
+// (401) is run again, and the request retried once with its fresh token:
+// the first attempt takes the lock.
+func TestStaleToken401(t *testing.T) {
+	k, ns, _ := space(t)
+	dir := t.TempDir()
+	plugin := filepath.Join(dir, "plugin.sh")
+	// The first run prints a token the server does not know, the next ones
+	// leaser's; each run adds a line to runs.
+	os.WriteFile(plugin, []byte(`#!/bin/sh
+token=$TOKEN
+[ -f "$DIR/runs" ] || token=stale
+echo run >> "$DIR/runs"
+printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s"}}\n' "$token"
+`), 0o755)
+	kc := filepath.Join(dir, "kubeconfig")
+	os.WriteFile(kc, []byte(fmt.Sprintf(`
+current-context: x
+clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
+users:
+- name: u
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: %s
+      env: [{name: TOKEN, value: %q}, {name: DIR, value: %q}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+`, k.URL, k.CAFile, plugin, k.UserToken("leaser"), dir, ns)), 0o600)
+	t.Setenv("KUBECONFIG", kc)
+	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatalf("TryAcquire with a stale cached token: %v; want a retry with a fresh one", err)
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if runs, _ := os.ReadFile(filepath.Join(dir, "runs")); strings.Count(string(runs), "\n") != 2 {
+		t.Errorf("the plugin ran %d times; want 2 (the stale token, then a fresh one)", strings.Count(string(runs), "\n"))
+	}
+}
+
+// TestRotatingClientCert: an exec plugin hands out short client
+// certificates, each for 4s and cached until 1.5s before it expires. A
+// holder renewing every second over one pooled connection would go on
+// presenting the first one after it expired, and lose the lock to 401s;
+// each new certificate closes the connections made with the old one, so
+// the holder keeps its lock across two rotations.
+func TestRotatingClientCert(t *testing.T) {
+	k, ns, _ := space(t)
+	dir := t.TempDir()
+	const life, early = 4 * time.Second, 1500 * time.Millisecond
+	start := time.Now()
+	for i := range 6 {
+		notAfter := start.Add(time.Duration(i+1) * life)
+		cert, key, err := k.ClientCert("leaser", notAfter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cred, _ := json.Marshal(map[string]any{
+			"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+			"status": map[string]any{
+				"clientCertificateData": string(cert), "clientKeyData": string(key),
+				"expirationTimestamp": notAfter.Add(-early).UTC().Format(time.RFC3339Nano),
+			},
+		})
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("cred%d", i)), cred, 0o600)
+	}
+	plugin := filepath.Join(dir, "plugin.sh")
+	// Each run prints the certificate of the moment: the next in line,
+	// skipping those that expire within the plugin's own margin.
+	os.WriteFile(plugin, []byte(`#!/bin/sh
+n=$(( ( $(date +%s%3N) - START ) / LIFE ))
+cat "$DIR/cred$n"
+echo "$n" >> "$DIR/runs"
+`), 0o755)
+	kc := filepath.Join(dir, "kubeconfig")
+	os.WriteFile(kc, []byte(fmt.Sprintf(`
+current-context: x
+clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
+users:
+- name: u
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: %s
+      env: [{name: DIR, value: %q}, {name: START, value: "%d"}, {name: LIFE, value: "%d"}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+`, k.URL, k.CAFile, plugin, dir, start.UnixMilli(), (life-early).Milliseconds(), ns)), 0o600)
+	t.Setenv("KUBECONFIG", kc)
+	c := locktest.Open(t, "k8s://", lock.Options{TTL: 3 * time.Second, Grace: 500 * time.Millisecond})
+	h, err := c.Acquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Past the second certificate's expiry: two rotations.
+	select {
+	case <-h.Lost():
+		t.Fatalf("the holder lost its lock: %v", h.Err())
+	case <-time.After(time.Until(start.Add(2*life + time.Second))):
+	}
+	if err := h.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	runs, _ := os.ReadFile(filepath.Join(dir, "runs"))
+	if strings.Count(string(runs), "\n") < 3 {
+		t.Errorf("the plugin ran for certificates %q; want at least 3 (two rotations)", strings.Fields(string(runs)))
+	}
 }
