@@ -133,8 +133,12 @@ func newClient(cfg *config) *client {
 	if cfg.auth.exec != nil {
 		cfg.auth.exec.rotated = d.closeAll
 	}
+	proxy := http.ProxyFromEnvironment
+	if cfg.proxy != nil {
+		proxy = http.ProxyURL(cfg.proxy)
+	}
 	tr := &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
+		Proxy:               proxy,
 		DialContext:         d.DialContext,
 		TLSClientConfig:     cfg.tls,
 		TLSHandshakeTimeout: 5 * time.Second,

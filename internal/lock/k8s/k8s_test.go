@@ -8,7 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -623,5 +626,56 @@ contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
 	runs, _ := os.ReadFile(filepath.Join(dir, "runs"))
 	if strings.Count(string(runs), "\n") < 3 {
 		t.Errorf("the plugin ran for certificates %q; want at least 3 (two rotations)", strings.Fields(string(runs)))
+	}
+}
+
+// TestProxyURL: a kubeconfig's proxy-url (an HTTP proxy, as on a bastion)
+// carries every request: the lock is taken and released through it.
+func TestProxyURL(t *testing.T) {
+	k, ns, _ := space(t)
+	var tunnels atomic.Int32
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodConnect {
+			http.Error(w, "CONNECT only", http.StatusMethodNotAllowed)
+			return
+		}
+		upstream, err := net.Dial("tcp", r.Host)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		tunnels.Add(1)
+		w.WriteHeader(http.StatusOK)
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			upstream.Close()
+			return
+		}
+		go func() {
+			io.Copy(upstream, buf)
+			upstream.Close()
+		}()
+		io.Copy(conn, upstream)
+		conn.Close()
+	}))
+	t.Cleanup(proxy.Close)
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	os.WriteFile(kc, []byte(fmt.Sprintf(`
+current-context: x
+clusters: [{name: c, cluster: {server: %q, certificate-authority: %q, proxy-url: %q}}]
+users: [{name: u, user: {token: %q}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+`, k.URL, k.CAFile, proxy.URL, k.UserToken("leaser"), ns)), 0o600)
+	t.Setenv("KUBECONFIG", kc)
+	t.Setenv("HTTPS_PROXY", "")
+	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatalf("TryAcquire through proxy-url: %v", err)
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if tunnels.Load() == 0 {
+		t.Error("the proxy saw no CONNECT: proxy-url was not used")
 	}
 }
