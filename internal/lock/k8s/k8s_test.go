@@ -419,9 +419,30 @@ func TestRenewalRecord(t *testing.T) {
 	}
 }
 
-// serverPast waits until the API server's clock (the Date of its answers)
-// is past t, so that its next record of a write is a later second.
-func serverPast(t *testing.T, k *testenv.Kube, t0 time.Time) {
+// kubeStatus is the HTTP status of a GET of path as the bearer of token.
+func kubeStatus(t *testing.T, k *testenv.Kube, token, path string) int {
+	t.Helper()
+	resp, err := kubeClient(t, k).Do(kubeRequest(t, k, token, path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func kubeRequest(t *testing.T, k *testenv.Kube, token, path string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest("GET", k.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	return req
+}
+
+// kubeClient is an HTTP client that trusts the API server, closed when t
+// ends.
+func kubeClient(t *testing.T, k *testenv.Kube) *http.Client {
 	t.Helper()
 	pem, err := os.ReadFile(k.CAFile)
 	if err != nil {
@@ -430,11 +451,17 @@ func serverPast(t *testing.T, k *testenv.Kube, t0 time.Time) {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(pem)
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
-	defer hc.CloseIdleConnections()
+	t.Cleanup(hc.CloseIdleConnections)
+	return hc
+}
+
+// serverPast waits until the API server's clock (the Date of its answers)
+// is past t, so that its next record of a write is a later second.
+func serverPast(t *testing.T, k *testenv.Kube, t0 time.Time) {
+	t.Helper()
+	hc := kubeClient(t, k)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		req, _ := http.NewRequest("GET", k.URL+"/version", nil)
-		req.Header.Set("Authorization", "Bearer "+k.AdminToken)
-		resp, err := hc.Do(req)
+		resp, err := hc.Do(kubeRequest(t, k, k.AdminToken, "/version"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -677,5 +704,80 @@ contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
 	}
 	if tunnels.Load() == 0 {
 		t.Error("the proxy saw no CONNECT: proxy-url was not used")
+	}
+}
+
+// TestInClusterTokenRotated: the kubelet replaces a pod's projected token
+// file during a hold; the holder reads the new token and keeps its lock
+// after the old one stops working (it was bound to a Secret, deleted).
+func TestInClusterTokenRotated(t *testing.T) {
+	k, ns, _ := space(t)
+	if _, err := k.ServiceAccountToken(ns, "migrator"); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Grant(ns, "system:serviceaccount:"+ns+":migrator"); err != nil {
+		t.Fatal(err)
+	}
+	// token returns a token of migrator bound to the Secret name, made here.
+	token := func(name string) string {
+		t.Helper()
+		var secret struct{ Metadata struct{ UID string } }
+		if err := k.Do("POST", "/api/v1/namespaces/"+ns+"/secrets", map[string]any{"metadata": map[string]any{"name": name}}, &secret); err != nil {
+			t.Fatal(err)
+		}
+		var tr struct{ Status struct{ Token string } }
+		req := map[string]any{"spec": map[string]any{"boundObjectRef": map[string]any{"kind": "Secret", "apiVersion": "v1", "name": name, "uid": secret.Metadata.UID}}}
+		if err := k.Do("POST", "/api/v1/namespaces/"+ns+"/serviceaccounts/migrator/token", req, &tr); err != nil {
+			t.Fatal(err)
+		}
+		return tr.Status.Token
+	}
+	sa := t.TempDir()
+	ca, err := os.ReadFile(k.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := token("first")
+	os.WriteFile(filepath.Join(sa, "ca.crt"), ca, 0o600)
+	os.WriteFile(filepath.Join(sa, "token"), []byte(first), 0o600)
+	os.WriteFile(filepath.Join(sa, "namespace"), []byte(ns), 0o600)
+	old := k8s.ServiceAccountDir
+	k8s.ServiceAccountDir = sa
+	t.Cleanup(func() { k8s.ServiceAccountDir = old })
+	host, port, _ := strings.Cut(strings.TrimPrefix(k.URL, "https://"), ":")
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("KUBERNETES_SERVICE_HOST", host)
+	t.Setenv("KUBERNETES_SERVICE_PORT", port)
+
+	const ttl = 3 * time.Second
+	h, err := locktest.Open(t, "k8s://", lock.Options{TTL: ttl, Grace: 500 * time.Millisecond}).Acquire(locktest.Context(t), "dbmigration")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the kubelet does: the new token appears in place at once (a
+	// rename), then the old one stops working.
+	next := filepath.Join(sa, ".token.new")
+	os.WriteFile(next, []byte(token("second")), 0o600)
+	if err := os.Rename(next, filepath.Join(sa, "token")); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Do("DELETE", "/api/v1/namespaces/"+ns+"/secrets/first", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The server caches a token it accepted for a few seconds: wait until
+	// it refuses the old one.
+	for deadline := time.Now().Add(30 * time.Second); kubeStatus(t, k, first, "/apis/coordination.k8s.io/v1/namespaces/"+ns+"/leases") != http.StatusUnauthorized; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the old token still works 30s after its Secret was deleted")
+		}
+	}
+	// Longer than the ttl: renewals with the old token would have lost it.
+	select {
+	case <-h.Lost():
+		t.Fatalf("the holder lost its lock after the token was replaced: %v", h.Err())
+	case <-time.After(ttl + time.Second):
+	}
+	if err := h.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
 	}
 }
