@@ -332,7 +332,13 @@ func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 		}
 		cfg.Certificates = []tls.Certificate{pair}
 	}
-	if us.Exec != nil {
+	if us.Username != "" && (us.Token != "" || us.TokenFile != "") {
+		return nil, errors.New("the user has a username and password and a token; give one of them")
+	}
+	// As client-go: credentials written in the kubeconfig (a token, a
+	// password, a client certificate) win, and the exec plugin is then not
+	// run at all: "kubectl --token" works with any kubeconfig.
+	if us.Exec != nil && us.Token == "" && us.TokenFile == "" && us.Username == "" && certPEM == nil {
 		e := *us.Exec
 		switch e.APIVersion {
 		case execV1, execV1beta1:
@@ -350,14 +356,12 @@ func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 		a.exec = &execPlugin{cfg: e, server: cl.Server, caData: caPEM, insecure: cl.InsecureSkipTLSVerify}
 		// A plugin may answer with a client certificate instead of a
 		// token: asked for at each handshake, from the cache.
-		if len(cfg.Certificates) == 0 {
-			cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-				// The request ran the plugin before it dialled.
-				if cert := a.exec.certificate(); cert != nil {
-					return cert, nil
-				}
-				return &tls.Certificate{}, nil
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			// The request ran the plugin before it dialled.
+			if cert := a.exec.certificate(); cert != nil {
+				return cert, nil
 			}
+			return &tls.Certificate{}, nil
 		}
 	}
 	return &config{server: strings.TrimSuffix(su.String(), "/"), hostport: hp, tls: cfg, auth: a, proxy: proxy}, nil

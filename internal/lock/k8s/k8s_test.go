@@ -781,3 +781,35 @@ func TestInClusterTokenRotated(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStaticCredentialsWin: as with client-go, a token written in the
+// kubeconfig wins over the user's exec plugin, which is then never run
+// (here it would fail).
+func TestStaticCredentialsWin(t *testing.T) {
+	k, ns, _ := space(t)
+	dir := t.TempDir()
+	plugin := filepath.Join(dir, "plugin.sh")
+	os.WriteFile(plugin, []byte("#!/bin/sh\necho ran > \"$(dirname \"$0\")/ran\"\necho 'plugin must not run' >&2\nexit 1\n"), 0o755)
+	kc := filepath.Join(dir, "kubeconfig")
+	os.WriteFile(kc, []byte(fmt.Sprintf(`
+current-context: x
+clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
+users:
+- name: u
+  user:
+    token: %q
+    exec: {apiVersion: client.authentication.k8s.io/v1, command: %s}
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+`, k.URL, k.CAFile, k.UserToken("leaser"), plugin, ns)), 0o600)
+	t.Setenv("KUBECONFIG", kc)
+	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatalf("TryAcquire with a token and an exec plugin: %v; want the token used", err)
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
+		t.Error("the exec plugin ran though the kubeconfig gives a token")
+	}
+}
