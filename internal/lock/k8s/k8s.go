@@ -572,9 +572,9 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	last, ok := renewedAt(l.obj)
 	if ok && l.grantedKnown {
 		end := l.granted.Add(time.Duration(math.Ceil(until.Sub(l.sent).Seconds())) * time.Second)
-		// At least a second: the end may be within the second of the last
-		// renewal's record, which then runs out at once by the margin
-		// alone, at the latest by until (see the argument in the README).
+		// The field must be positive. A second is enough even when end is
+		// no later than last: that renewal then reached the server after
+		// until - 1s, and the Lease runs out more than a second after it.
 		next.Spec.LeaseDurationSeconds = int32(max(end.Sub(last)/time.Second, 1))
 		manager = holdManager
 	} else {

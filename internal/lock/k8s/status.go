@@ -154,8 +154,9 @@ func sortHolders(st *lock.State) {
 }
 
 // Break clears the holder of each of name's Leases that has one that has
-// not run out (as status judges it), each conditional on the version just
-// read, so that a holder that renewed in between is not broken blind: that
+// not run out by the API server's clock (serverExpiry; without the
+// server's times, every holder is broken), each conditional on the version
+// just read, so that a holder that renewed in between is not broken blind: that
 // is ErrHeld, and release --force can be run again. The Leases stay, with
 // their count of acquisitions (the fencing token). Their holders find the
 // Lease no longer theirs at their next renewal (within ttl/3) and stop.
@@ -164,13 +165,15 @@ func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error)
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
 	var broken []lock.Holder
 	for _, l := range leases {
-		h, ok := b.holderOf(&l, now)
-		if !ok {
+		if l.Spec.HolderIdentity == "" {
 			continue
 		}
+		if _, left, ok := serverExpiry(&l, b.ttl()); ok && left <= 0 {
+			continue // run out: free to any attempt already
+		}
+		h, _ := b.holderOf(&l, time.Now())
 		_, created, err := b.c.update(ctx, b.cfg.namespace, freed(&l))
 		if err == nil && created {
 			continue // deleted since the list: nothing to break (the copy is free)
