@@ -3,13 +3,18 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,8 +32,9 @@ var ErrNoKube = errors.New("testenv: cannot build the test kube-apiserver (modul
 
 // Kube is a running throwaway kube-apiserver on 127.0.0.1 over its own etcd,
 // with token authentication (the users admin, in system:masters, leaser and
-// nobody, who may do nothing until [Kube.Grant]), RBAC, and service account
-// tokens from the TokenRequest API. No controllers run: nothing deletes a
+// nobody, who may do nothing until [Kube.Grant]), client certificates
+// ([Kube.ClientCert]), RBAC, and service account tokens from the
+// TokenRequest API. No controllers run: nothing deletes a
 // namespace's contents or makes a service account's secret.
 //
 // A start takes seconds, so a test binary may share one server: start it
@@ -42,6 +48,9 @@ type Kube struct {
 
 	tokens map[string]string
 	client *http.Client
+	// The CA the server trusts for client certificates.
+	clientCA    *x509.Certificate
+	clientCAKey *ecdsa.PrivateKey
 }
 
 // StartKube starts etcd and kube-apiserver on free ports, ready (/readyz
@@ -70,6 +79,15 @@ func StartKube() (*Kube, error) {
 		return fail(err)
 	}
 	k.CAFile = p.CertFile
+	caKey, caDER, err := newCert(nil, nil)
+	if err != nil {
+		return fail(err)
+	}
+	k.clientCA, _ = x509.ParseCertificate(caDER)
+	k.clientCAKey = caKey
+	if err := os.WriteFile(filepath.Join(p.Dir, "clientca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
+		return fail(err)
+	}
 	roots := x509.NewCertPool()
 	if pem, err := os.ReadFile(k.CAFile); err != nil || !roots.AppendCertsFromPEM(pem) {
 		return fail(fmt.Errorf("testenv: no CA in %s: %v", k.CAFile, err))
@@ -80,13 +98,16 @@ func StartKube() (*Kube, error) {
 		// One key serves TLS and signs the service account tokens (the
 		// certificate gives the public key that checks them): a test server.
 		// Priority and fairness off: it adds work at start and nothing here.
+		// Coordinated leader election on, so that a Lease keeps
+		// spec.strategy and spec.preferredHolder as clusters that use it do.
 		return exec.Command(bin, "--etcd-servers=http://"+k.Etcd.Endpoint, "--bind-address=127.0.0.1",
 			"--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(k.Port), "--cert-dir=.",
-			"--tls-cert-file=server.crt", "--tls-private-key-file=server.key", "--token-auth-file=tokens.csv",
+			"--tls-cert-file=server.crt", "--tls-private-key-file=server.key", "--token-auth-file=tokens.csv", "--client-ca-file=clientca.crt",
 			"--authorization-mode=RBAC", "--service-account-issuer=https://kubernetes.default.svc",
 			"--service-account-key-file=server.crt", "--service-account-signing-key-file=server.key",
 			"--service-cluster-ip-range=10.96.0.0/24", "--endpoint-reconciler-type=none",
-			"--enable-priority-and-fairness=false", "--profiling=false")
+			"--enable-priority-and-fairness=false", "--profiling=false",
+			"--feature-gates=CoordinatedLeaderElection=true", "--runtime-config=coordination.k8s.io/v1beta1=true")
 	}
 	p.ready = func() error { return k.do(context.Background(), k.AdminToken, "GET", "/readyz", nil, nil) }
 	if err := p.launch(false); err != nil {
@@ -183,6 +204,35 @@ contexts:
 current-context: test
 `, k.URL, k.CAFile, token, namespace)
 	return os.WriteFile(path, []byte(config), 0o600)
+}
+
+// ClientCert returns a client certificate and its key (PEM) by which the
+// server knows user (its common name), valid from an hour ago until
+// notAfter.
+func (k *Kube) ClientCert(user string, notAfter time.Time) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: user},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     notAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, k.clientCA, &key.PublicKey, k.clientCAKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }
 
 // KubeError is a response of the API server other than 2xx.

@@ -60,13 +60,16 @@ func (a *auth) apply(ctx context.Context, req *http.Request) error {
 	return nil
 }
 
-// unauthorized is told of a 401: a cached plugin credential is dropped so
+// unauthorized is told of a 401. A cached plugin credential is dropped so
 // that the next request runs the plugin again (the server may have revoked
-// it before its expiry).
-func (a *auth) unauthorized() {
+// it before its expiry). It reports whether the next request may carry
+// other credentials: a plugin's, or a token file's, read again.
+func (a *auth) unauthorized() bool {
 	if a.exec != nil {
 		a.exec.forget()
+		return true
 	}
+	return a.tokenFile != ""
 }
 
 // execPlugin runs a kubeconfig's exec credential plugin and caches its
@@ -78,9 +81,15 @@ type execPlugin struct {
 	caData   []byte
 	insecure bool
 
+	// rotated is called when the plugin answers with a client
+	// certificate other than the one before: connections made with the
+	// old one must go (client.go).
+	rotated func()
+
 	mu     sync.Mutex
 	cred   *execCred
-	expiry time.Time // zero: no expiry
+	expiry time.Time        // zero: no expiry
+	cert   *tls.Certificate // the last client certificate it gave, kept by forget
 }
 
 type execCred struct {
@@ -104,14 +113,26 @@ func (p *execPlugin) get(ctx context.Context) (*execCred, error) {
 		return nil, err
 	}
 	p.cred, p.expiry = cred, expiry
+	if cred.cert != nil {
+		if p.cert != nil && !sameCert(p.cert, cred.cert) && p.rotated != nil {
+			p.rotated()
+		}
+		p.cert = cred.cert
+	}
 	return cred, nil
 }
 
-// cached returns the cached credential without running the plugin.
-func (p *execPlugin) cached() *execCred {
+// certificate returns the last client certificate the plugin gave, without
+// running it; nil if none.
+func (p *execPlugin) certificate() *tls.Certificate {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.cred
+	return p.cert
+}
+
+// sameCert reports whether a and b are the same leaf certificate.
+func sameCert(a, b *tls.Certificate) bool {
+	return len(a.Certificate) > 0 && len(b.Certificate) > 0 && bytes.Equal(a.Certificate[0], b.Certificate[0])
 }
 
 func (p *execPlugin) forget() {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/withlock/withlock/internal/lock"
@@ -21,12 +22,18 @@ import (
 
 // Lease is the part of a coordination.k8s.io/v1 Lease that withlock reads
 // and writes. Written with PUT, the object replaces the stored one, so a
-// field left out here (holderIdentity on release) is cleared.
+// field left out here (holderIdentity on release) is cleared; the fields
+// other tools set (labels, annotations, ownerReferences, finalizers,
+// strategy, preferredHolder) are here so that they are written back.
 type Lease struct {
 	APIVersion string     `json:"apiVersion"`
 	Kind       string     `json:"kind"`
 	Metadata   ObjectMeta `json:"metadata"`
 	Spec       LeaseSpec  `json:"spec"`
+
+	// served is the API server's clock when it sent this copy: the Date
+	// of its answer, in whole seconds (truncated); zero if it gave none.
+	served time.Time
 }
 
 // ObjectMeta is a Lease's metadata.
@@ -36,6 +43,22 @@ type ObjectMeta struct {
 	ResourceVersion string            `json:"resourceVersion,omitempty"`
 	Labels          map[string]string `json:"labels,omitempty"`
 	Annotations     map[string]string `json:"annotations,omitempty"`
+	// Kept as read, for tools that share the Lease.
+	OwnerReferences json.RawMessage `json:"ownerReferences,omitempty"`
+	Finalizers      []string        `json:"finalizers,omitempty"`
+	// ManagedFields is read only: the server keeps its own when a write
+	// leaves it out, and every write does (see send).
+	ManagedFields []ManagedFields `json:"managedFields,omitempty"`
+}
+
+// ManagedFields is one entry of a Lease's metadata.managedFields: which
+// fields a field manager last set, and when, by the API server's clock in
+// whole seconds.
+type ManagedFields struct {
+	Manager   string          `json:"manager"`
+	Operation string          `json:"operation"`
+	Time      string          `json:"time"`
+	FieldsV1  json.RawMessage `json:"fieldsV1,omitempty"`
 }
 
 // LeaseSpec is a Lease's spec. The times are MicroTime: RFC 3339 with
@@ -46,6 +69,9 @@ type LeaseSpec struct {
 	AcquireTime          string `json:"acquireTime,omitempty"`
 	RenewTime            string `json:"renewTime,omitempty"`
 	LeaseTransitions     int32  `json:"leaseTransitions,omitempty"`
+	// Kept as read: how a coordinated leader election picks its leader.
+	Strategy        string `json:"strategy,omitempty"`
+	PreferredHolder string `json:"preferredHolder,omitempty"`
 }
 
 // microTime is metav1.MicroTime's format.
@@ -100,12 +126,20 @@ type client struct {
 const callTimeout = 10 * time.Second
 
 func newClient(cfg *config) *client {
+	d := &dialer{
+		d:     net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second},
+		conns: map[*trackedConn]struct{}{},
+	}
+	if cfg.auth.exec != nil {
+		cfg.auth.exec.rotated = d.closeAll
+	}
+	proxy := http.ProxyFromEnvironment
+	if cfg.proxy != nil {
+		proxy = http.ProxyURL(cfg.proxy)
+	}
 	tr := &http.Transport{
-		Proxy: http.ProxyFromEnvironment,
-		DialContext: (&net.Dialer{
-			Timeout:   5 * time.Second,
-			KeepAlive: 15 * time.Second,
-		}).DialContext,
+		Proxy:               proxy,
+		DialContext:         d.DialContext,
 		TLSClientConfig:     cfg.tls,
 		TLSHandshakeTimeout: 5 * time.Second,
 		MaxIdleConnsPerHost: 4,
@@ -116,6 +150,55 @@ func newClient(cfg *config) *client {
 		TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
 	return &client{cfg: cfg, http: &http.Client{Transport: tr}}
+}
+
+// dialer dials the API server and keeps a set of the connections it made
+// that are still open, so that a new client certificate can close them
+// all, as client-go does on rotation: a TLS connection keeps the
+// certificate of its handshake, and the pool reuses an idle one for as
+// long as renewals come every ttl/3, past the old certificate's expiry.
+type dialer struct {
+	d     net.Dialer
+	mu    sync.Mutex
+	conns map[*trackedConn]struct{}
+}
+
+func (d *dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	conn, err := d.d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := &trackedConn{Conn: conn, d: d}
+	d.mu.Lock()
+	d.conns[tc] = struct{}{}
+	d.mu.Unlock()
+	return tc, nil
+}
+
+// closeAll closes every open connection: requests in flight on them fail
+// (and are retried like any outage), and new ones dial afresh.
+func (d *dialer) closeAll() {
+	d.mu.Lock()
+	conns := make([]*trackedConn, 0, len(d.conns))
+	for c := range d.conns {
+		conns = append(conns, c)
+	}
+	d.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+type trackedConn struct {
+	net.Conn
+	d *dialer
+}
+
+func (c *trackedConn) Close() error {
+	c.d.mu.Lock()
+	delete(c.d.conns, c)
+	c.d.mu.Unlock()
+	return c.Conn.Close()
 }
 
 func (c *client) leasesPath(ns string) string {
@@ -155,65 +238,87 @@ func (c *client) request(ctx context.Context, method, path string, query url.Val
 	return req, nil
 }
 
-// do makes one call and decodes a 2xx answer into out. Errors are an
-// *apiError (the server answered otherwise), a *pluginError, or the
-// transport's.
-func (c *client) do(ctx context.Context, method, path string, query url.Values, in, out any) error {
-	_, err := c.call(ctx, method, path, query, in, out)
-	return err
-}
-
-// call is do that also returns the answer's status code.
-func (c *client) call(ctx context.Context, method, path string, query url.Values, in, out any) (int, error) {
+// call makes one call and decodes a 2xx answer into out. It returns the
+// answer's status code and the time the API server stamped on it: its
+// Date header, the server's clock in whole seconds (zero without one).
+// Errors are an *apiError (the server answered otherwise), a
+// *pluginError, or the transport's.
+func (c *client) call(ctx context.Context, method, path string, query url.Values, in, out any) (int, time.Time, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, callTimeout)
 		defer cancel()
 	}
-	req, err := c.request(ctx, method, path, query, in)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return 0, err
+	var (
+		resp *http.Response
+		date time.Time
+		body []byte
+	)
+	for retried := false; ; retried = true {
+		req, err := c.request(ctx, method, path, query, in)
+		if err != nil {
+			return 0, time.Time{}, err
+		}
+		if resp, err = c.http.Do(req); err != nil {
+			return 0, time.Time{}, err
+		}
+		date, _ = http.ParseTime(resp.Header.Get("Date"))
+		body, err = io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+		resp.Body.Close()
+		if err != nil {
+			return 0, time.Time{}, err
+		}
+		// A 401 may be credentials gone stale in a cache (a plugin's token
+		// revoked before its expiry, a token file replaced just after it
+		// was read): once, with fresh ones.
+		if resp.StatusCode != http.StatusUnauthorized || retried || !c.cfg.auth.unauthorized() {
+			break
+		}
 	}
 	if resp.StatusCode/100 != 2 {
 		e := &apiError{code: resp.StatusCode}
 		json.Unmarshal(body, &e.status)
-		if resp.StatusCode == http.StatusUnauthorized {
-			c.cfg.auth.unauthorized()
-		}
-		return resp.StatusCode, e
+		return resp.StatusCode, date, e
 	}
 	if out != nil {
 		if err := json.Unmarshal(body, out); err != nil {
-			return resp.StatusCode, fmt.Errorf("the API server's answer is not JSON: %v", err)
+			return resp.StatusCode, date, fmt.Errorf("the API server's answer is not JSON: %v", err)
 		}
 	}
-	return resp.StatusCode, nil
+	return resp.StatusCode, date, nil
 }
 
 func (c *client) get(ctx context.Context, ns, name string) (*Lease, error) {
-	var l Lease
-	if err := c.do(ctx, http.MethodGet, c.leasesPath(ns)+"/"+url.PathEscape(name), nil, nil, &l); err != nil {
+	l := &Lease{}
+	_, date, err := c.call(ctx, http.MethodGet, c.leasesPath(ns)+"/"+url.PathEscape(name), nil, nil, l)
+	if err != nil {
 		return nil, err
 	}
-	return &l, nil
+	l.served = date
+	return l, nil
+}
+
+// fieldManager names withlock's writes in a Lease's managedFields.
+const fieldManager = "withlock"
+
+// send is l as a write sends it: typed, and without managedFields, which
+// the server then keeps and updates itself.
+func send(l *Lease) *Lease {
+	out := *l
+	out.APIVersion, out.Kind = "coordination.k8s.io/v1", "Lease"
+	out.Metadata.ManagedFields = nil
+	return &out
 }
 
 func (c *client) create(ctx context.Context, ns string, l *Lease) (*Lease, error) {
-	l.APIVersion, l.Kind = "coordination.k8s.io/v1", "Lease"
-	var out Lease
-	if err := c.do(ctx, http.MethodPost, c.leasesPath(ns), nil, l, &out); err != nil {
+	out := &Lease{}
+	q := url.Values{"fieldManager": {fieldManager}}
+	_, date, err := c.call(ctx, http.MethodPost, c.leasesPath(ns), q, send(l), out)
+	if err != nil {
 		return nil, err
 	}
-	return &out, nil
+	out.served = date
+	return out, nil
 }
 
 // update replaces the Lease if its resourceVersion is still l's (else a
@@ -222,19 +327,32 @@ func (c *client) create(ctx context.Context, ns string, l *Lease) (*Lease, error
 // server checks the version only against a stored object). created says
 // that this happened (201 Created instead of 200 OK).
 func (c *client) update(ctx context.Context, ns string, l *Lease) (out *Lease, created bool, err error) {
-	l.APIVersion, l.Kind = "coordination.k8s.io/v1", "Lease"
+	return c.updateAs(ctx, ns, l, fieldManager)
+}
+
+// updateAs is update recorded in managedFields under the field manager
+// manager.
+func (c *client) updateAs(ctx context.Context, ns string, l *Lease, manager string) (out *Lease, created bool, err error) {
 	out = &Lease{}
-	code, err := c.call(ctx, http.MethodPut, c.leasesPath(ns)+"/"+url.PathEscape(l.Metadata.Name), nil, l, out)
+	q := url.Values{"fieldManager": {manager}}
+	code, date, err := c.call(ctx, http.MethodPut, c.leasesPath(ns)+"/"+url.PathEscape(l.Metadata.Name), q, send(l), out)
 	if err != nil {
 		return nil, false, err
 	}
+	out.served = date
 	return out, code == http.StatusCreated, nil
 }
 
+// list returns the Leases that query selects, each with the time the
+// server sent the list.
 func (c *client) list(ctx context.Context, ns string, query url.Values) (*leaseList, error) {
 	var l leaseList
-	if err := c.do(ctx, http.MethodGet, c.leasesPath(ns), query, nil, &l); err != nil {
+	_, date, err := c.call(ctx, http.MethodGet, c.leasesPath(ns), query, nil, &l)
+	if err != nil {
 		return nil, err
+	}
+	for i := range l.Items {
+		l.Items[i].served = date
 	}
 	return &l, nil
 }

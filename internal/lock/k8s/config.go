@@ -31,6 +31,7 @@ type config struct {
 	source    string // where it came from, for messages: "the pod's service account", "kubeconfig context X"
 	tls       *tls.Config
 	auth      *auth
+	proxy     *url.URL // the kubeconfig's proxy-url; nil: $HTTPS_PROXY, $NO_PROXY
 }
 
 // loadConfig resolves a k8s:// URL: in a pod (KUBERNETES_SERVICE_HOST set
@@ -275,14 +276,20 @@ func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 		return nil, fmt.Errorf("the user's auth-provider (%v) is not supported; use an exec credential plugin (kubelogin, gke-gcloud-auth-plugin, aws eks get-token), a token or a client certificate", us.AuthProvider["name"])
 	case us.Impersonate != "":
 		return nil, errors.New("impersonation (as) is not supported")
-	case cl.ProxyURL != "":
-		return nil, errors.New("proxy-url is not supported; HTTPS_PROXY is honoured")
 	case cl.Server == "":
 		return nil, errors.New("the cluster has no server")
 	}
 	su, err := url.Parse(cl.Server)
 	if err != nil || su.Host == "" || su.Scheme != "https" && su.Scheme != "http" {
 		return nil, fmt.Errorf("the cluster's server %q is not an http(s):// URL", cl.Server)
+	}
+	var proxy *url.URL
+	if cl.ProxyURL != "" {
+		// As client-go: http, https (TLS to the proxy) and socks5.
+		proxy, err = url.Parse(cl.ProxyURL)
+		if err != nil || proxy.Host == "" || proxy.Scheme != "http" && proxy.Scheme != "https" && proxy.Scheme != "socks5" {
+			return nil, fmt.Errorf("the cluster's proxy-url %q is not an http://, https:// or socks5:// URL", lock.Redact(cl.ProxyURL))
+		}
 	}
 	hp := su.Host
 	if su.Port() == "" {
@@ -325,7 +332,13 @@ func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 		}
 		cfg.Certificates = []tls.Certificate{pair}
 	}
-	if us.Exec != nil {
+	if us.Username != "" && (us.Token != "" || us.TokenFile != "") {
+		return nil, errors.New("the user has a username and password and a token; give one of them")
+	}
+	// As client-go: credentials written in the kubeconfig (a token, a
+	// password, a client certificate) win, and the exec plugin is then not
+	// run at all: "kubectl --token" works with any kubeconfig.
+	if us.Exec != nil && us.Token == "" && us.TokenFile == "" && us.Username == "" && certPEM == nil {
 		e := *us.Exec
 		switch e.APIVersion {
 		case execV1, execV1beta1:
@@ -343,17 +356,15 @@ func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 		a.exec = &execPlugin{cfg: e, server: cl.Server, caData: caPEM, insecure: cl.InsecureSkipTLSVerify}
 		// A plugin may answer with a client certificate instead of a
 		// token: asked for at each handshake, from the cache.
-		if len(cfg.Certificates) == 0 {
-			cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-				// The request ran the plugin before it dialled.
-				if cred := a.exec.cached(); cred != nil && cred.cert != nil {
-					return cred.cert, nil
-				}
-				return &tls.Certificate{}, nil
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			// The request ran the plugin before it dialled.
+			if cert := a.exec.certificate(); cert != nil {
+				return cert, nil
 			}
+			return &tls.Certificate{}, nil
 		}
 	}
-	return &config{server: strings.TrimSuffix(su.String(), "/"), hostport: hp, tls: cfg, auth: a}, nil
+	return &config{server: strings.TrimSuffix(su.String(), "/"), hostport: hp, tls: cfg, auth: a, proxy: proxy}, nil
 }
 
 // fileOrData reads a kubeconfig value given as a file (relative to the

@@ -257,7 +257,8 @@ func TestKubeconfigUnsupported(t *testing.T) {
 	for _, tc := range []struct{ user, cluster, want string }{
 		{"auth-provider: {name: oidc, config: {}}", "", "auth-provider (oidc) is not supported; use an exec credential plugin"},
 		{"exec: {apiVersion: client.authentication.k8s.io/v1alpha1, command: x}", "", "v1alpha1\" is not supported"},
-		{"token: t", "proxy-url: http://proxy:3128", "proxy-url is not supported"},
+		{"{token: t, username: u, password: p}", "", "a username and password and a token; give one of them"},
+		{"token: t", "proxy-url: ftp://proxy:21", `proxy-url "ftp://proxy:21" is not an http://, https:// or socks5:// URL`},
 	} {
 		dir := t.TempDir()
 		t.Setenv("KUBECONFIG", writeKubeconfig(t, dir, "config", `

@@ -19,13 +19,16 @@
 // update conditional on the resourceVersion last read (409 Conflict:
 // someone else wrote first), so of two contenders exactly one wins.
 //
-// Expiry is judged as client-go's leader election judges it: a contender
-// takes a held Lease only once it has seen the same resourceVersion (and so
-// the same holder and renewTime) for leaseDurationSeconds on its own
-// monotonic clock, counted from when it first read that version. It never
-// compares its clock with the holder's timestamps. The holder renews every
-// ttl/3 and stops its command by ttl - kill-after after the last renewal it
-// sent (lock.Held), so it is gone before anyone can take over.
+// Expiry is judged by the API server's clock (expiry.go): a holder has run
+// out once the time the server stamps on an answer (Date) reaches the
+// server's own record of the last renewal (the managedFields time of the
+// entry that owns renewTime) plus leaseDurationSeconds plus a second for
+// the record's resolution. Every attempt, status and release --force make
+// this one judgement. The holder renews every ttl/3 and stops its command
+// by ttl - kill-after after the last renewal it sent (lock.Held), so it is
+// gone before anyone can take over. Where the server's times are missing,
+// a contender falls back to client-go's leader election rule, on its own
+// monotonic clock.
 //
 // A release clears holderIdentity (conditional on the resourceVersion, so
 // it never clears a newer holder) instead of deleting the Lease:
@@ -86,7 +89,7 @@ type observation struct {
 
 func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	if opts.Mode == lock.Shared {
-		return nil, lock.Errorf(lock.ErrUsage, "the k8s:// backend has no shared locks: a Lease has one holder (--max-holders N takes N Leases)")
+		return nil, lock.Errorf(lock.ErrUsage, "the k8s:// backend has no shared locks: a Lease has one holder; use --max-holders N for N at once, or a backend with shared locks (postgres, redis, mongodb, etcd) for readers and writers")
 	}
 	cfg, err := loadConfig(u)
 	if err != nil {
@@ -253,34 +256,25 @@ func (b *backend) try(ctx context.Context, name string, slot int, cur *Lease, fl
 		return b.create(ctx, name, ln, floor+1)
 	}
 	if h := cur.Spec.HolderIdentity; h != "" {
-		obs, ok := b.seen[ln]
-		if !ok || obs.rv != cur.Metadata.ResourceVersion {
-			obs = observation{rv: cur.Metadata.ResourceVersion, at: now}
-			b.seen[ln] = obs
-		}
-		d := time.Duration(cur.Spec.LeaseDurationSeconds) * time.Second
-		if d <= 0 {
-			d = b.opts.TTL // a Lease without a duration: ours
-		}
-		left := d - now.Sub(obs.at)
-		if left > 0 {
+		if left, retry := b.left(ln, cur, now); left > 0 {
 			n, want := recordedN(cur), b.want()
 			switch {
 			case n != want && n > 1 && want > 1:
 				return nil, lock.Errorf(lock.ErrUsage, "%q is a semaphore of %d (--max-holders %d); this holder asked for %d", name, n, n, want)
 			case n != want:
 				// Held in another mode: no slot of ours is free.
-				return nil, lock.HeldFor(left)
+				return nil, lock.HeldFor(retry)
 			}
-			return nil, heldNext(left)
+			return nil, heldNext(retry)
 		}
-		b.opts.Log.Debug("the Lease was not renewed for its duration; taking it over", "lease", ln, "holder", h, "duration", d)
+		b.opts.Log.Debug("the Lease was not renewed for its duration; taking it over", "lease", ln, "holder", h, "duration", durationOf(cur, b.ttl()))
 	}
 	next := &Lease{Metadata: cur.Metadata, Spec: cur.Spec}
 	b.hold(next, name, now, max(cur.Spec.LeaseTransitions, floor)+1)
 	// A Lease deleted since it was read is created by this update (see
 	// client.update): as good as a create, since one made by anyone else
 	// in between would have failed it.
+	sent := time.Now()
 	out, _, err := b.c.update(ctx, ns, next)
 	switch {
 	case isCode(err, http.StatusConflict), isCode(err, http.StatusNotFound):
@@ -290,13 +284,55 @@ func (b *backend) try(ctx context.Context, name string, slot int, cur *Lease, fl
 		return nil, b.classify(err, "update")
 	}
 	delete(b.seen, ln)
-	return &lease{b: b, name: name, ns: ns, obj: out}, nil
+	return b.took(name, out, sent), nil
 }
+
+// took is the lease of the Lease out, just written by a create or an
+// update sent at sent.
+func (b *backend) took(name string, out *Lease, sent time.Time) *lease {
+	l := &lease{b: b, name: name, ns: b.cfg.namespace, obj: out, sent: sent}
+	l.granted, l.grantedKnown = renewedAt(out)
+	return l
+}
+
+// ttl is the duration of a Lease that has none: ours.
+func (b *backend) ttl() time.Duration { return time.Duration(b.duration) * time.Second }
+
+// left is how long until the holder of cur (the Lease ln, read at now) runs
+// out (zero or less: it has), and how long a waiter should wait before it
+// looks again. By the API server's clock (serverExpiry) where the server
+// gave its times. Else as client-go's leader election judges it, on this
+// process's monotonic clock: the Lease runs out once this process has seen
+// the same resourceVersion for leaseDurationSeconds, counted from when it
+// first read it.
+func (b *backend) left(ln string, cur *Lease, now time.Time) (left, retry time.Duration) {
+	if _, left, ok := serverExpiry(cur, b.ttl()); ok {
+		delete(b.seen, ln)
+		// The server's clock was anywhere in the second after its Date
+		// when it answered, so the holder may run out up to a second
+		// before left has passed: look again then, and every recheck
+		// while the server's clock may be in that last second.
+		return left, max(left-time.Second, 0) + recheck
+	}
+	obs, ok := b.seen[ln]
+	if !ok || obs.rv != cur.Metadata.ResourceVersion {
+		obs = observation{rv: cur.Metadata.ResourceVersion, at: now}
+		b.seen[ln] = obs
+	}
+	left = durationOf(cur, b.ttl()) - now.Sub(obs.at)
+	return left, left
+}
+
+// recheck is how often a waiter looks at a Lease in the second in which it
+// may run out by the API server's clock, whose fraction of a second the
+// server does not say.
+const recheck = 50 * time.Millisecond
 
 // create makes the Lease ln, held by us as acquisition number transitions.
 func (b *backend) create(ctx context.Context, name, ln string, transitions int32) (lock.Lease, error) {
 	l := &Lease{Metadata: ObjectMeta{Name: ln}}
-	b.hold(l, name, time.Now(), transitions)
+	sent := time.Now()
+	b.hold(l, name, sent, transitions)
 	out, err := b.c.create(ctx, b.cfg.namespace, l)
 	switch {
 	case isCode(err, http.StatusConflict):
@@ -304,7 +340,7 @@ func (b *backend) create(ctx context.Context, name, ln string, transitions int32
 	case err != nil:
 		return nil, b.classify(err, "create")
 	}
-	return &lease{b: b, name: name, ns: b.cfg.namespace, obj: out}, nil
+	return b.took(name, out, sent), nil
 }
 
 // hold makes l held by us from now, as acquisition number transitions.
@@ -336,13 +372,19 @@ func (b *backend) hold(l *Lease, name string, now time.Time, transitions int32) 
 		AcquireTime:          formatMicro(now),
 		RenewTime:            formatMicro(now),
 		LeaseTransitions:     transitions,
+		Strategy:             l.Spec.Strategy,
+		PreferredHolder:      l.Spec.PreferredHolder,
 	}
 }
 
 // freed is l with no holder: the holder's fields and record cleared, the
-// count of acquisitions and the lock's name kept.
+// count of acquisitions, the lock's name and what other tools wrote kept.
 func freed(l *Lease) *Lease {
-	out := &Lease{Metadata: l.Metadata, Spec: LeaseSpec{LeaseTransitions: l.Spec.LeaseTransitions}}
+	out := &Lease{Metadata: l.Metadata, Spec: LeaseSpec{
+		LeaseTransitions: l.Spec.LeaseTransitions,
+		Strategy:         l.Spec.Strategy,
+		PreferredHolder:  l.Spec.PreferredHolder,
+	}}
 	m := map[string]string{}
 	for k, v := range l.Metadata.Annotations {
 		switch k {
@@ -412,6 +454,12 @@ type lease struct {
 	name string
 	ns   string
 	obj  *Lease
+	// sent is when the write that took the Lease was sent, on this
+	// process's clock; granted is the API server's record of it
+	// (renewedAt), if grantedKnown.
+	sent         time.Time
+	granted      time.Time
+	grantedKnown bool
 }
 
 // Token is the fencing token of the acquisition that wrote l.obj.
@@ -501,19 +549,39 @@ func (l *lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// ReleaseAt lets the Lease run out at until instead of now: renewed once
-// more, with a duration of the time left (rounded up to the second). A
-// contender judges it from when it first sees this version, so it may wait
-// up to that long from then (README).
+// ReleaseAt lets the Lease run out at until instead of now, by the
+// judgement every contender makes (serverExpiry): its leaseDurationSeconds
+// is rewritten so that the Lease runs out, by the API server's clock, at
+// the server's record of the grant plus until - sent rounded up to the
+// second. The grant reached the server after sent, so no contender takes
+// the Lease before until; and one can take it by until + 1s plus what the
+// grant took to arrive. The write leaves renewTime as it was and is made
+// under a field manager of its own (holdManager), so that the server's
+// record of the last renewal, from which the judgement counts, stays put.
+//
+// Where the server keeps no managedFields, the Lease is renewed once more
+// with a duration of the time left (rounded up), and contenders, judging by
+// their own clocks, count from when they first see that version.
 func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	left := time.Until(until)
 	if left < time.Millisecond {
 		return l.Release(ctx)
 	}
 	next := &Lease{Metadata: l.obj.Metadata, Spec: l.obj.Spec}
-	next.Spec.RenewTime = formatMicro(time.Now())
-	next.Spec.LeaseDurationSeconds = int32(math.Ceil(left.Seconds()))
-	out, created, err := l.b.c.update(ctx, l.ns, next)
+	manager := fieldManager
+	last, ok := renewedAt(l.obj)
+	if ok && l.grantedKnown {
+		end := l.granted.Add(time.Duration(math.Ceil(until.Sub(l.sent).Seconds())) * time.Second)
+		// The field must be positive. A second is enough even when end is
+		// no later than last: that renewal then reached the server after
+		// until - 1s, and the Lease runs out more than a second after it.
+		next.Spec.LeaseDurationSeconds = int32(max(end.Sub(last)/time.Second, 1))
+		manager = holdManager
+	} else {
+		next.Spec.RenewTime = formatMicro(time.Now())
+		next.Spec.LeaseDurationSeconds = int32(math.Ceil(left.Seconds()))
+	}
+	out, created, err := l.b.c.updateAs(ctx, l.ns, next, manager)
 	if err == nil && created {
 		l.b.c.update(ctx, l.ns, freed(out)) // the copy this made: freed
 		return fmt.Errorf("k8s: the Lease %s/%s was deleted before the release", l.ns, l.obj.Metadata.Name)
@@ -526,6 +594,11 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	}
 	return nil
 }
+
+// holdManager is the field manager of the write of --hold-at-least, which
+// changes only leaseDurationSeconds: the time of withlock's own entry in
+// managedFields, the server's record of the last renewal, then stays.
+const holdManager = "withlock-hold"
 
 var (
 	_ lock.Notifier = (*backend)(nil)

@@ -2,9 +2,16 @@ package k8s_test
 
 import (
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -88,7 +95,7 @@ func TestConformance(t *testing.T) {
 		if err := k.Do("DELETE", leasePath(ns, k8s.LeaseName(name)), nil, nil); err != nil {
 			t.Fatalf("deleting the Lease: %v", err)
 		}
-	}, locktest.LeaseOptions{WholeSeconds: true})
+	}, locktest.LeaseOptions{WholeSeconds: true, Margin: time.Second})
 	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
 	locktest.RunModes(t, open, locktest.ModeOptions{NoShared: true, RecordsN: true, Lease: true})
 }
@@ -351,5 +358,458 @@ func TestContenders(t *testing.T) {
 	wg.Wait()
 	if last != 80 {
 		t.Errorf("last token %d; want 80 acquisitions counted", last)
+	}
+}
+
+// TestRenewalRecord checks, on the real API server, the record that expiry
+// is judged by: withlock's entry in managedFields (field manager
+// "withlock") owns spec.renewTime, and its time, the server's clock in
+// whole seconds, moves with every renewal; the write of --hold-at-least
+// (field manager "withlock-hold") changes only leaseDurationSeconds and
+// leaves that time where it was.
+func TestRenewalRecord(t *testing.T) {
+	k, ns, url := space(t)
+	c := locktest.Open(t, url, lock.Options{TTL: 30 * time.Second})
+	name := locktest.Name(t)
+	ctx := locktest.Context(t)
+	l, err := c.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func() (k8s.Lease, time.Time) {
+		t.Helper()
+		var got k8s.Lease
+		if err := k.Do("GET", leasePath(ns, k8s.LeaseName(name)), nil, &got); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range got.Metadata.ManagedFields {
+			if m.Manager == "withlock" && strings.Contains(string(m.FieldsV1), `"f:renewTime"`) {
+				at, err := time.Parse(time.RFC3339, m.Time)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got, at
+			}
+		}
+		t.Fatalf("no managedFields entry of withlock owns spec.renewTime: %+v", got.Metadata.ManagedFields)
+		return got, time.Time{}
+	}
+	_, prev := read()
+	for i := range 3 {
+		serverPast(t, k, prev)
+		if err := l.Keep(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_, at := read()
+		if !at.After(prev) {
+			t.Fatalf("renewal %d: the record stayed at %s", i+1, prev.Format(time.RFC3339))
+		}
+		prev = at
+	}
+	serverPast(t, k, prev)
+	if err := l.(lock.Lingerer).ReleaseAt(ctx, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	got, at := read()
+	if !at.Equal(prev) {
+		t.Errorf("the write of --hold-at-least moved the record from %s to %s", prev.Format(time.RFC3339), at.Format(time.RFC3339))
+	}
+	if d := got.Spec.LeaseDurationSeconds; d >= 30 || d < 1 {
+		t.Errorf("leaseDurationSeconds %d after the hold's write; want the hold's end, not the ttl", d)
+	}
+}
+
+// kubeStatus is the HTTP status of a GET of path as the bearer of token.
+func kubeStatus(t *testing.T, k *testenv.Kube, token, path string) int {
+	t.Helper()
+	resp, err := kubeClient(t, k).Do(kubeRequest(t, k, token, path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func kubeRequest(t *testing.T, k *testenv.Kube, token, path string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest("GET", k.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	return req
+}
+
+// kubeClient is an HTTP client that trusts the API server, closed when t
+// ends.
+func kubeClient(t *testing.T, k *testenv.Kube) *http.Client {
+	t.Helper()
+	pem, err := os.ReadFile(k.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	t.Cleanup(hc.CloseIdleConnections)
+	return hc
+}
+
+// serverPast waits until the API server's clock (the Date of its answers)
+// is past t, so that its next record of a write is a later second.
+func serverPast(t *testing.T, k *testenv.Kube, t0 time.Time) {
+	t.Helper()
+	hc := kubeClient(t, k)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		resp, err := hc.Do(kubeRequest(t, k, k.AdminToken, "/version"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if now, err := http.ParseTime(resp.Header.Get("Date")); err == nil && now.After(t0) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the API server's Date did not pass %s within 10s", t0.Format(time.RFC3339))
+		}
+	}
+}
+
+// TestForeignFields: a Lease shared with other tools keeps what withlock
+// does not own through an acquisition, a renewal, a release and a release
+// --force: labels, annotations, ownerReferences, finalizers,
+// spec.strategy and spec.preferredHolder.
+func TestForeignFields(t *testing.T) {
+	k, ns, url := space(t)
+	name := "shared-lease" // the namespace is the test's own
+	owner := map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": "6f1c1d6e-2c57-4d1e-9a59-3a8c0d9f1a11"}
+	lease := map[string]any{
+		"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+		"metadata": map[string]any{
+			"name":            name,
+			"labels":          map[string]string{"team": "db"},
+			"annotations":     map[string]string{"example.com/note": "kept"},
+			"ownerReferences": []any{owner},
+			"finalizers":      []string{"example.com/keep"},
+		},
+		"spec": map[string]any{"strategy": "OldestEmulationVersion", "preferredHolder": "other-tool"},
+	}
+	if err := k.Do("POST", "/apis/coordination.k8s.io/v1/namespaces/"+ns+"/leases", lease, nil); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		var got struct {
+			Metadata struct {
+				Labels          map[string]string `json:"labels"`
+				Annotations     map[string]string `json:"annotations"`
+				OwnerReferences []map[string]any  `json:"ownerReferences"`
+				Finalizers      []string          `json:"finalizers"`
+			} `json:"metadata"`
+			Spec struct {
+				Strategy        string `json:"strategy"`
+				PreferredHolder string `json:"preferredHolder"`
+			} `json:"spec"`
+		}
+		if err := k.Do("GET", leasePath(ns, name), nil, &got); err != nil {
+			t.Fatal(err)
+		}
+		m, s := got.Metadata, got.Spec
+		if m.Labels["team"] != "db" || m.Annotations["example.com/note"] != "kept" ||
+			len(m.OwnerReferences) != 1 || m.OwnerReferences[0]["uid"] != owner["uid"] ||
+			len(m.Finalizers) != 1 || m.Finalizers[0] != "example.com/keep" ||
+			s.Strategy != "OldestEmulationVersion" || s.PreferredHolder != "other-tool" {
+			t.Errorf("after %s: %+v, spec %+v; want the other tool's fields kept", when, m, s)
+		}
+	}
+	check("the other tool's create")
+	c := locktest.Open(t, url, lock.Options{TTL: 30 * time.Second})
+	ctx := locktest.Context(t)
+	l, err := c.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("an acquisition")
+	if err := l.Keep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("a renewal")
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("a release")
+	if _, err := c.TryAcquire(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Backend.(lock.Breaker).Break(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	check("release --force")
+}
+
+// TestStaleToken401: an exec plugin whose cached token the server refuses
+// (401) is run again, and the request retried once with its fresh token:
+// the first attempt takes the lock.
+func TestStaleToken401(t *testing.T) {
+	k, ns, _ := space(t)
+	dir := t.TempDir()
+	plugin := filepath.Join(dir, "plugin.sh")
+	// The first run prints a token the server does not know, the next ones
+	// leaser's; each run adds a line to runs.
+	os.WriteFile(plugin, []byte(`#!/bin/sh
+token=$TOKEN
+[ -f "$DIR/runs" ] || token=stale
+echo run >> "$DIR/runs"
+printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s"}}\n' "$token"
+`), 0o755)
+	kc := filepath.Join(dir, "kubeconfig")
+	os.WriteFile(kc, []byte(fmt.Sprintf(`
+current-context: x
+clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
+users:
+- name: u
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: %s
+      env: [{name: TOKEN, value: %q}, {name: DIR, value: %q}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+`, k.URL, k.CAFile, plugin, k.UserToken("leaser"), dir, ns)), 0o600)
+	t.Setenv("KUBECONFIG", kc)
+	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatalf("TryAcquire with a stale cached token: %v; want a retry with a fresh one", err)
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if runs, _ := os.ReadFile(filepath.Join(dir, "runs")); strings.Count(string(runs), "\n") != 2 {
+		t.Errorf("the plugin ran %d times; want 2 (the stale token, then a fresh one)", strings.Count(string(runs), "\n"))
+	}
+}
+
+// TestRotatingClientCert: an exec plugin hands out short client
+// certificates, each for 4s and cached until 1.5s before it expires. A
+// holder renewing every second over one pooled connection would go on
+// presenting the first one after it expired, and lose the lock to 401s;
+// each new certificate closes the connections made with the old one, so
+// the holder keeps its lock across two rotations.
+func TestRotatingClientCert(t *testing.T) {
+	k, ns, _ := space(t)
+	dir := t.TempDir()
+	const life, early = 4 * time.Second, 1500 * time.Millisecond
+	start := time.Now()
+	for i := range 6 {
+		notAfter := start.Add(time.Duration(i+1) * life)
+		cert, key, err := k.ClientCert("leaser", notAfter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cred, _ := json.Marshal(map[string]any{
+			"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+			"status": map[string]any{
+				"clientCertificateData": string(cert), "clientKeyData": string(key),
+				"expirationTimestamp": notAfter.Add(-early).UTC().Format(time.RFC3339Nano),
+			},
+		})
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("cred%d", i)), cred, 0o600)
+	}
+	plugin := filepath.Join(dir, "plugin.sh")
+	// Each run prints the certificate of the moment: the next in line,
+	// skipping those that expire within the plugin's own margin.
+	os.WriteFile(plugin, []byte(`#!/bin/sh
+n=$(( ( $(date +%s%3N) - START ) / LIFE ))
+cat "$DIR/cred$n"
+echo "$n" >> "$DIR/runs"
+`), 0o755)
+	kc := filepath.Join(dir, "kubeconfig")
+	os.WriteFile(kc, []byte(fmt.Sprintf(`
+current-context: x
+clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
+users:
+- name: u
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: %s
+      env: [{name: DIR, value: %q}, {name: START, value: "%d"}, {name: LIFE, value: "%d"}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+`, k.URL, k.CAFile, plugin, dir, start.UnixMilli(), (life-early).Milliseconds(), ns)), 0o600)
+	t.Setenv("KUBECONFIG", kc)
+	c := locktest.Open(t, "k8s://", lock.Options{TTL: 3 * time.Second, Grace: 500 * time.Millisecond})
+	h, err := c.Acquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Past the second certificate's expiry: two rotations.
+	select {
+	case <-h.Lost():
+		t.Fatalf("the holder lost its lock: %v", h.Err())
+	case <-time.After(time.Until(start.Add(2*life + time.Second))):
+	}
+	if err := h.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	runs, _ := os.ReadFile(filepath.Join(dir, "runs"))
+	if strings.Count(string(runs), "\n") < 3 {
+		t.Errorf("the plugin ran for certificates %q; want at least 3 (two rotations)", strings.Fields(string(runs)))
+	}
+}
+
+// TestProxyURL: a kubeconfig's proxy-url (an HTTP proxy, as on a bastion)
+// carries every request: the lock is taken and released through it.
+func TestProxyURL(t *testing.T) {
+	k, ns, _ := space(t)
+	var tunnels atomic.Int32
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodConnect {
+			http.Error(w, "CONNECT only", http.StatusMethodNotAllowed)
+			return
+		}
+		upstream, err := net.Dial("tcp", r.Host)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		tunnels.Add(1)
+		w.WriteHeader(http.StatusOK)
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			upstream.Close()
+			return
+		}
+		go func() {
+			io.Copy(upstream, buf)
+			upstream.Close()
+		}()
+		io.Copy(conn, upstream)
+		conn.Close()
+	}))
+	t.Cleanup(proxy.Close)
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	os.WriteFile(kc, []byte(fmt.Sprintf(`
+current-context: x
+clusters: [{name: c, cluster: {server: %q, certificate-authority: %q, proxy-url: %q}}]
+users: [{name: u, user: {token: %q}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+`, k.URL, k.CAFile, proxy.URL, k.UserToken("leaser"), ns)), 0o600)
+	t.Setenv("KUBECONFIG", kc)
+	t.Setenv("HTTPS_PROXY", "")
+	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatalf("TryAcquire through proxy-url: %v", err)
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if tunnels.Load() == 0 {
+		t.Error("the proxy saw no CONNECT: proxy-url was not used")
+	}
+}
+
+// TestInClusterTokenRotated: the kubelet replaces a pod's projected token
+// file during a hold; the holder reads the new token and keeps its lock
+// after the old one stops working (it was bound to a Secret, deleted).
+func TestInClusterTokenRotated(t *testing.T) {
+	k, ns, _ := space(t)
+	if _, err := k.ServiceAccountToken(ns, "migrator"); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Grant(ns, "system:serviceaccount:"+ns+":migrator"); err != nil {
+		t.Fatal(err)
+	}
+	// token returns a token of migrator bound to the Secret name, made here.
+	token := func(name string) string {
+		t.Helper()
+		var secret struct{ Metadata struct{ UID string } }
+		if err := k.Do("POST", "/api/v1/namespaces/"+ns+"/secrets", map[string]any{"metadata": map[string]any{"name": name}}, &secret); err != nil {
+			t.Fatal(err)
+		}
+		var tr struct{ Status struct{ Token string } }
+		req := map[string]any{"spec": map[string]any{"boundObjectRef": map[string]any{"kind": "Secret", "apiVersion": "v1", "name": name, "uid": secret.Metadata.UID}}}
+		if err := k.Do("POST", "/api/v1/namespaces/"+ns+"/serviceaccounts/migrator/token", req, &tr); err != nil {
+			t.Fatal(err)
+		}
+		return tr.Status.Token
+	}
+	sa := t.TempDir()
+	ca, err := os.ReadFile(k.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := token("first")
+	os.WriteFile(filepath.Join(sa, "ca.crt"), ca, 0o600)
+	os.WriteFile(filepath.Join(sa, "token"), []byte(first), 0o600)
+	os.WriteFile(filepath.Join(sa, "namespace"), []byte(ns), 0o600)
+	old := k8s.ServiceAccountDir
+	k8s.ServiceAccountDir = sa
+	t.Cleanup(func() { k8s.ServiceAccountDir = old })
+	host, port, _ := strings.Cut(strings.TrimPrefix(k.URL, "https://"), ":")
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("KUBERNETES_SERVICE_HOST", host)
+	t.Setenv("KUBERNETES_SERVICE_PORT", port)
+
+	const ttl = 3 * time.Second
+	h, err := locktest.Open(t, "k8s://", lock.Options{TTL: ttl, Grace: 500 * time.Millisecond}).Acquire(locktest.Context(t), "dbmigration")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the kubelet does: the new token appears in place at once (a
+	// rename), then the old one stops working.
+	next := filepath.Join(sa, ".token.new")
+	os.WriteFile(next, []byte(token("second")), 0o600)
+	if err := os.Rename(next, filepath.Join(sa, "token")); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Do("DELETE", "/api/v1/namespaces/"+ns+"/secrets/first", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The server caches a token it accepted for a few seconds: wait until
+	// it refuses the old one.
+	for deadline := time.Now().Add(30 * time.Second); kubeStatus(t, k, first, "/apis/coordination.k8s.io/v1/namespaces/"+ns+"/leases") != http.StatusUnauthorized; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the old token still works 30s after its Secret was deleted")
+		}
+	}
+	// Longer than the ttl: renewals with the old token would have lost it.
+	select {
+	case <-h.Lost():
+		t.Fatalf("the holder lost its lock after the token was replaced: %v", h.Err())
+	case <-time.After(ttl + time.Second):
+	}
+	if err := h.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStaticCredentialsWin: as with client-go, a token written in the
+// kubeconfig wins over the user's exec plugin, which is then never run
+// (here it would fail).
+func TestStaticCredentialsWin(t *testing.T) {
+	k, ns, _ := space(t)
+	dir := t.TempDir()
+	plugin := filepath.Join(dir, "plugin.sh")
+	os.WriteFile(plugin, []byte("#!/bin/sh\necho ran > \"$(dirname \"$0\")/ran\"\necho 'plugin must not run' >&2\nexit 1\n"), 0o755)
+	kc := filepath.Join(dir, "kubeconfig")
+	os.WriteFile(kc, []byte(fmt.Sprintf(`
+current-context: x
+clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
+users:
+- name: u
+  user:
+    token: %q
+    exec: {apiVersion: client.authentication.k8s.io/v1, command: %s}
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+`, k.URL, k.CAFile, k.UserToken("leaser"), plugin, ns)), 0o600)
+	t.Setenv("KUBECONFIG", kc)
+	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatalf("TryAcquire with a token and an exec plugin: %v; want the token used", err)
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
+		t.Error("the exec plugin ran though the kubeconfig gives a token")
 	}
 }

@@ -15,11 +15,9 @@ import (
 )
 
 // Inspect returns name's holders: its Lease, and a semaphore's other
-// slots (found by their label). It only reads (get, list).
-//
-// Whether a holder's lease has run out is judged here by this host's clock
-// against the holder's renewTime: status is a report, and it has nothing
-// better; the locking itself never compares clocks.
+// slots (found by their label). It only reads (get, list). A holder whose
+// Lease has run out by the API server's clock (serverExpiry) is none, as
+// it is to an attempt to take the lock.
 func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) {
 	leases, err := b.leasesOf(ctx, name)
 	if err != nil {
@@ -92,10 +90,10 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 }
 
 // addHolder adds l's holder to st if it has one whose lease has not run
-// out by now.
+// out (read at now, by this host's clock).
 func (b *backend) addHolder(st *lock.State, l *Lease, now time.Time) {
-	h, ok := holderOf(l)
-	if !ok || !h.ExpiresAt.After(now) {
+	h, ok := b.holderOf(l, now)
+	if !ok {
 		return
 	}
 	st.Holders = append(st.Holders, h)
@@ -106,9 +104,14 @@ func (b *backend) addHolder(st *lock.State, l *Lease, now time.Time) {
 	}
 }
 
-// holderOf reads l's holder: its record where withlock wrote one, else
-// what holderIdentity says.
-func holderOf(l *Lease) (lock.Holder, bool) {
+// holderOf reads l's holder, unless it has none or it has run out: its
+// record where withlock wrote one, else what holderIdentity says. l was
+// read at now, by this host's clock. ExpiresAt is by the API server's
+// clock (serverExpiry); where the server gave no times, it is the
+// holder's renewTime plus the duration, judged against this host's clock
+// (the holder's and this host's clocks are then assumed to agree: status
+// has nothing better).
+func (b *backend) holderOf(l *Lease, now time.Time) (lock.Holder, bool) {
 	if l.Spec.HolderIdentity == "" {
 		return lock.Holder{}, false
 	}
@@ -125,12 +128,16 @@ func holderOf(l *Lease) (lock.Holder, bool) {
 		// identity is all there is.
 		h.Host = l.Spec.HolderIdentity
 	}
+	if at, left, ok := serverExpiry(l, b.ttl()); ok {
+		h.ExpiresAt = at
+		return h, left > 0
+	}
 	renewed := parseMicro(l.Spec.RenewTime)
 	if renewed.IsZero() {
 		renewed = h.AcquiredAt
 	}
-	h.ExpiresAt = renewed.Add(time.Duration(l.Spec.LeaseDurationSeconds) * time.Second)
-	return h, true
+	h.ExpiresAt = renewed.Add(durationOf(l, b.ttl()))
+	return h, h.ExpiresAt.After(now)
 }
 
 func sortHolders(st *lock.State) {
@@ -146,12 +153,13 @@ func sortHolders(st *lock.State) {
 	})
 }
 
-// Break clears the holder of each of name's Leases that has one, each
-// conditional on the version just read, so that a holder that renewed in
-// between is not broken blind: that is ErrHeld, and release --force can
-// be run again. The Leases stay, with their count of acquisitions (the
-// fencing token). Their holders find the Lease no longer theirs at their
-// next renewal (within ttl/3) and stop.
+// Break clears the holder of each of name's Leases that has one that has
+// not run out by the API server's clock (serverExpiry; without the
+// server's times, every holder is broken), each conditional on the version
+// just read, so that a holder that renewed in between is not broken blind: that
+// is ErrHeld, and release --force can be run again. The Leases stay, with
+// their count of acquisitions (the fencing token). Their holders find the
+// Lease no longer theirs at their next renewal (within ttl/3) and stop.
 func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error) {
 	leases, err := b.leasesOf(ctx, name)
 	if err != nil {
@@ -159,10 +167,13 @@ func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error)
 	}
 	var broken []lock.Holder
 	for _, l := range leases {
-		h, ok := holderOf(&l)
-		if !ok {
+		if l.Spec.HolderIdentity == "" {
 			continue
 		}
+		if _, left, ok := serverExpiry(&l, b.ttl()); ok && left <= 0 {
+			continue // run out: free to any attempt already
+		}
+		h, _ := b.holderOf(&l, time.Now())
 		_, created, err := b.c.update(ctx, b.cfg.namespace, freed(&l))
 		if err == nil && created {
 			continue // deleted since the list: nothing to break (the copy is free)

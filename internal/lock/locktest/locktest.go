@@ -460,6 +460,11 @@ type LeaseOptions struct {
 	// whole seconds (a Kubernetes Lease's leaseDurationSeconds), so the
 	// time left that lock.HeldFor reports may exceed the ttl by that much.
 	WholeSeconds bool
+	// Margin is how much longer than that a lease may be judged alive:
+	// the margin of a backend whose server records a renewal's time only
+	// to the second (a Kubernetes Lease runs out a second after
+	// leaseDurationSeconds by the API server's record).
+	Margin time.Duration
 }
 
 // RunLeaseWith is RunLease for a backend that says, with o, which of its
@@ -511,6 +516,7 @@ func RunLeaseWith(t *testing.T, open OpenFunc, breakLease func(t *testing.T, nam
 		if o.WholeSeconds {
 			limit = (ttl + time.Second - 1).Truncate(time.Second)
 		}
+		limit += o.Margin
 		switch {
 		case o.NoHeldFor && !errors.Is(err, lock.ErrHeld):
 			t.Fatalf("TryAcquire of a live lease: %v; want ErrHeld", err)

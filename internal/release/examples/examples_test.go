@@ -112,40 +112,13 @@ func TestKubernetesCronJob(t *testing.T) {
 // the others do, on file:// (the k8s scripts of the main module run the
 // same Role against a real API server).
 func TestKubernetesLease(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(dir, "kubernetes", "lease-migration.yaml"))
-	if err != nil {
-		t.Fatal(err)
+	var job batchv1.Job
+	sa := decodeLeaseManifest(t, "lease-migration.yaml", &job)
+	if job.Kind != "Job" {
+		t.Fatalf("the fourth document is a %s; want a Job", job.Kind)
 	}
-	docs := strings.Split(string(data), "\n---\n")
-	if len(docs) != 4 {
-		t.Fatalf("%d documents; want ServiceAccount, Role, RoleBinding, Job", len(docs))
-	}
-	var (
-		sa   corev1.ServiceAccount
-		role rbacv1.Role
-		rb   rbacv1.RoleBinding
-		job  batchv1.Job
-	)
-	for i, v := range []any{&sa, &role, &rb, &job} {
-		if err := yaml.UnmarshalStrict([]byte(docs[i]), v); err != nil {
-			t.Fatalf("document %d: %v", i+1, err)
-		}
-	}
-	if sa.Kind != "ServiceAccount" || role.Kind != "Role" || rb.Kind != "RoleBinding" || job.Kind != "Job" {
-		t.Fatalf("kinds %s, %s, %s, %s", sa.Kind, role.Kind, rb.Kind, job.Kind)
-	}
-	ns := sa.Namespace
-	if role.Namespace != ns || rb.Namespace != ns || job.Namespace != ns {
-		t.Errorf("namespaces %q %q %q %q; want one", ns, role.Namespace, rb.Namespace, job.Namespace)
-	}
-	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].APIGroups, []string{"coordination.k8s.io"}) ||
-		!slices.Equal(role.Rules[0].Resources, []string{"leases"}) ||
-		!slices.Equal(role.Rules[0].Verbs, []string{"get", "list", "watch", "create", "update"}) {
-		t.Errorf("Role rules %+v; want get, list, watch, create, update on leases only", role.Rules)
-	}
-	if rb.RoleRef.Kind != "Role" || rb.RoleRef.Name != role.Name || len(rb.Subjects) != 1 ||
-		rb.Subjects[0].Kind != "ServiceAccount" || rb.Subjects[0].Name != sa.Name || rb.Subjects[0].Namespace != ns {
-		t.Errorf("RoleBinding %+v does not bind the Role to the ServiceAccount", rb)
+	if job.Namespace != sa.Namespace {
+		t.Errorf("the Job is in %q, the ServiceAccount in %q; want one namespace", job.Namespace, sa.Namespace)
 	}
 	pod := job.Spec.Template.Spec
 	if pod.ServiceAccountName != sa.Name {
@@ -172,8 +145,87 @@ func TestKubernetesLease(t *testing.T) {
 	}
 }
 
+// TestKubernetesLeaseCronJob: the cron pattern with the lock in a Lease:
+// the same ServiceAccount, Role and RoleBinding as the init-container
+// example, and a CronJob whose pod runs as that account with withlock on
+// k8s://, -n, --conflict-exit-code 0 and --hold-at-least. The command line
+// runs as the others do, on file:// (the main module's k8s scripts run the
+// cron pattern over three slots against a real API server).
+func TestKubernetesLeaseCronJob(t *testing.T) {
+	var cj batchv1.CronJob
+	sa := decodeLeaseManifest(t, "lease-cronjob.yaml", &cj)
+	if cj.APIVersion != "batch/v1" || cj.Kind != "CronJob" {
+		t.Fatalf("%s %s; want batch/v1 CronJob", cj.APIVersion, cj.Kind)
+	}
+	if cj.Namespace != sa.Namespace {
+		t.Errorf("the CronJob is in %q, the ServiceAccount in %q; want one namespace", cj.Namespace, sa.Namespace)
+	}
+	pod := cj.Spec.JobTemplate.Spec.Template.Spec
+	if pod.ServiceAccountName != sa.Name {
+		t.Errorf("the pod runs as %q, not the ServiceAccount %q", pod.ServiceAccountName, sa.Name)
+	}
+	if len(pod.Containers) != 1 || !strings.HasPrefix(pod.Containers[0].Image, image) {
+		t.Fatalf("want one container, from %s...: %+v", image, pod.Containers)
+	}
+	c := pod.Containers[0]
+	checkWithlockContainer(t, pod, c)
+	for _, flag := range []string{"--db=k8s://", "-n", "--conflict-exit-code=0", "--hold-at-least=10m"} {
+		if !slices.Contains(c.Args, flag) {
+			t.Errorf("args %q lack %s", c.Args, flag)
+		}
+	}
+	env := newJobEnv(t, "/shared/")
+	args := slices.Clone(c.Args)
+	args[slices.Index(args, "--db=k8s://")] = "--db=file://" + filepath.Join(env.dir, "locks")
+	env.checkOncePerSlot(t, func() *exec.Cmd { return env.withlock(args...) })
+}
+
+// decodeLeaseManifest decodes examples/kubernetes/name: a ServiceAccount, a
+// Role that allows what withlock needs on Leases and nothing else, a
+// RoleBinding of it to the account, all in one namespace, and a workload
+// (the fourth document) into workload. It returns the ServiceAccount.
+func decodeLeaseManifest(t *testing.T, name string, workload any) corev1.ServiceAccount {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "kubernetes", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := strings.Split(string(data), "\n---\n")
+	if len(docs) != 4 {
+		t.Fatalf("%d documents; want ServiceAccount, Role, RoleBinding and the workload", len(docs))
+	}
+	var (
+		sa   corev1.ServiceAccount
+		role rbacv1.Role
+		rb   rbacv1.RoleBinding
+	)
+	for i, v := range []any{&sa, &role, &rb, workload} {
+		if err := yaml.UnmarshalStrict([]byte(docs[i]), v); err != nil {
+			t.Fatalf("document %d: %v", i+1, err)
+		}
+	}
+	if sa.Kind != "ServiceAccount" || role.Kind != "Role" || rb.Kind != "RoleBinding" {
+		t.Fatalf("kinds %s, %s, %s", sa.Kind, role.Kind, rb.Kind)
+	}
+	ns := sa.Namespace
+	if role.Namespace != ns || rb.Namespace != ns {
+		t.Errorf("namespaces %q %q %q; want one", ns, role.Namespace, rb.Namespace)
+	}
+	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].APIGroups, []string{"coordination.k8s.io"}) ||
+		!slices.Equal(role.Rules[0].Resources, []string{"leases"}) ||
+		!slices.Equal(role.Rules[0].Verbs, []string{"get", "list", "watch", "create", "update"}) {
+		t.Errorf("Role rules %+v; want get, list, watch, create, update on leases only", role.Rules)
+	}
+	if rb.RoleRef.Kind != "Role" || rb.RoleRef.Name != role.Name || len(rb.Subjects) != 1 ||
+		rb.Subjects[0].Kind != "ServiceAccount" || rb.Subjects[0].Name != sa.Name || rb.Subjects[0].Namespace != ns {
+		t.Errorf("RoleBinding %+v does not bind the Role to the ServiceAccount", rb)
+	}
+	return sa
+}
+
 // checkWithlockContainer checks what withlock's image needs: a non-root
-// user the kubelet can verify, and the shared volume with the job in it.
+// user the kubelet can verify, the database's URL from a Secret (unless the
+// lock is in a Lease), and the shared volume with the job in it.
 func checkWithlockContainer(t *testing.T, pod corev1.PodSpec, c corev1.Container) {
 	t.Helper()
 	if pod.SecurityContext == nil || pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot {
@@ -186,8 +238,8 @@ func checkWithlockContainer(t *testing.T, pod corev1.PodSpec, c corev1.Container
 	for _, e := range c.Env {
 		db = db || e.Name == "WITHLOCK_DB" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil
 	}
-	if !db {
-		t.Errorf("container %s: WITHLOCK_DB does not come from a Secret", c.Name)
+	if !db && !slices.Contains(c.Args, "--db=k8s://") {
+		t.Errorf("container %s: WITHLOCK_DB does not come from a Secret, and the lock is not in a Lease (--db=k8s://)", c.Name)
 	}
 	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/shared" {
 		t.Errorf("container %s: want /shared mounted, have %+v", c.Name, c.VolumeMounts)
