@@ -428,7 +428,7 @@ func (b *backend) classify(err error, verb string) error {
 		case ae.code == http.StatusUnauthorized:
 			return lock.Errorf(lock.ErrRefused, "%s refused the credentials of %s (401 Unauthorized: %s); check the token or certificate", where, b.cfg.source, ae.Error())
 		case ae.code == http.StatusForbidden:
-			return lock.Errorf(lock.ErrRefused, "%s: %s may not %s leases (coordination.k8s.io) in namespace %q (403 Forbidden: %s); grant it a Role with verbs get, list, watch, create, update on leases in %q and bind it (README, Kubernetes)",
+			return lock.Errorf(lock.ErrRefused, "%s: %s may not %s leases (coordination.k8s.io) in namespace %q (403 Forbidden: %s); grant it a Role with verbs get, list, watch, create, update on leases in %q and bind it (docs/kubernetes.md)",
 				where, b.cfg.source, verb, b.cfg.namespace, ae.Error(), b.cfg.namespace)
 		case ae.code == http.StatusNotFound && ae.status.Details.Kind == "namespaces":
 			return lock.Errorf(lock.ErrRefused, "%s: namespace %q does not exist (%s); create it or name another in k8s://NAMESPACE", where, b.cfg.namespace, ae.Error())

@@ -144,9 +144,9 @@ func TestLeaseFields(t *testing.T) {
 	}
 }
 
-// TestErrors: SPEC §7 for what the API server refuses: 403 says the verb,
-// the resource, the namespace and the Role to grant; a missing namespace,
-// a bad token, an unreachable server. None is ErrHeld.
+// TestErrors: what the API server refuses (docs/kubernetes.md, Errors):
+// 403 says the verb, the resource, the namespace and the Role to grant; a
+// missing namespace, a bad token, an unreachable server. None is ErrHeld.
 func TestErrors(t *testing.T) {
 	k, ns, _ := space(t)
 	dir := t.TempDir()
@@ -167,7 +167,7 @@ func TestErrors(t *testing.T) {
 	}{
 		{"forbidden", "k8s://" + ns, k.UserToken("nobody"), lock.ErrRefused,
 			regexp.QuoteMeta(`may not get leases (coordination.k8s.io) in namespace "`+ns+`" (403 Forbidden: `) + `.*` +
-				regexp.QuoteMeta(`); grant it a Role with verbs get, list, watch, create, update on leases in "`+ns+`"`)},
+				regexp.QuoteMeta(`); grant it a Role with verbs get, list, watch, create, update on leases in "`+ns+`" and bind it (docs/kubernetes.md)`)},
 		{"no namespace", "k8s://no-such-ns", k.AdminToken, lock.ErrRefused, `namespace "no-such-ns" does not exist`},
 		{"bad token", "k8s://" + ns, "not-a-token", lock.ErrRefused, `401 Unauthorized`},
 	} {
