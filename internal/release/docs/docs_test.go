@@ -272,3 +272,45 @@ func itoa(n int) string {
 	}
 	return itoa(n/10) + string(rune('0'+n%10))
 }
+
+// selfReference is what the repository must not say of itself: it speaks
+// of itself only, citing docs/ and the code, never a specification's
+// sections or a tracker's issue numbers (a peer's issue, owner/repo#N, is
+// fine).
+var selfReference = regexp.MustCompile("SPEC" + ` §|[Ii]ssues? [0-9]+`)
+
+// TestSpeaksOfItself: no Go file, Markdown page or test script cites
+// SPEC sections or issue numbers.
+func TestSpeaksOfItself(t *testing.T) {
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if name == "node_modules" || name == "dist" || name == "build" || (strings.HasPrefix(name, ".") && path != root) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(name) {
+		case ".go", ".md", ".txtar":
+		default:
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if selfReference.MatchString(line) {
+				rel, _ := filepath.Rel(root, path)
+				t.Errorf("%s:%d cites a spec section or an issue: %s", rel, i+1, strings.TrimSpace(line))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
