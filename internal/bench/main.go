@@ -1,7 +1,8 @@
 // Command bench measures withlock side by side with flock(1), psql, etcdctl
 // lock and the npm package advisory-lock's withlock, in one run so that the
 // ratios hold on a noisy machine. It starts its own servers as the tests do,
-// and prints one Markdown table per figure. Run it with `make bench`, which
+// and prints one Markdown table per figure, then a table of the product's
+// performance goals judged by them (goals.go). Run it with `make bench`, which
 // passes -doc ../../docs/performance.md: the page then holds this run's
 // tables, when and where they were measured, and charts of the hand-off and
 // the contention (report.go). It runs from its own directory, in a module
@@ -43,7 +44,7 @@ const (
 
 var (
 	onlyWaiting  = flag.Bool("waiting", false, "measure only what waiters cost the server")
-	waitBackends = flag.String("backends", "file,postgres,redis,mongodb,etcd,mysql,k8s", "with -waiting: the backends measured, comma-separated")
+	waitBackends = flag.String("backends", strings.Join(backends, ","), "with -waiting: the backends measured, comma-separated")
 	onlyHandoff  = flag.Bool("handoff", false, "measure only the hand-off table")
 	onlyInit     = flag.Bool("init", false, "measure only package initialisation, by module")
 	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
@@ -227,6 +228,8 @@ func run() error {
 		for _, c := range over {
 			s := stats[c.name]
 			fmt.Printf("| %s | %s | %s | %s | %.2f× | %.2f× |\n", c.name, ms(s.median), ms(s.p90), ms(s.cpu), s.median/flockMed, s.median/psqlMed)
+			measured.set("wall", c.name, s.median)
+			measured.set("cpu", c.name, s.cpu)
 		}
 		ratio := func(a, b string) float64 { return stats[a].median / stats[b].median }
 		cpuRatio := func(a, b string) float64 { return stats[a].cpu / stats[b].cpu }
@@ -288,6 +291,8 @@ func run() error {
 	for _, n := range order {
 		fmt.Printf("| %s | %s | %s | %.2f× |\n", n, ms(hand[n].median), ms(hand[n].p90), hand[n].median/hand["flock"].median)
 		collected.handoff = append(collected.handoff, bars{n, []float64{hand[n].median * 1000, hand[n].p90 * 1000}})
+		measured.set("handoff", n, hand[n].median*1000)
+		measured.set("handoff p90", n, hand[n].p90*1000)
 	}
 	if *onlyHandoff {
 		return nil
@@ -321,6 +326,7 @@ func run() error {
 		}
 		fmt.Printf("| %s | %.1f | %d |\n", c.name, rate, overlaps)
 		collected.contention = append(collected.contention, bars{c.name, []float64{rate}})
+		measured.set("contention", c.name, rate)
 	}
 
 	// Memory: peak RSS of withlock while it holds the lock.
@@ -337,12 +343,18 @@ func run() error {
 		sem := "-"
 		if semRSS, err := peakRSS(wl, db.url, "--max-holders", "3"); err == nil {
 			sem = fmt.Sprintf("%.1f MB", float64(semRSS)/1024)
+			measured.set("rss semaphore", db.name, float64(semRSS)/1024)
 		} else {
 			fmt.Fprintf(os.Stderr, "bench: %s semaphore: %v\n", db.name, err)
 		}
 		fmt.Printf("| %s | %.1f MB | %s |\n", db.name, float64(rss)/1024, sem)
+		measured.set("rss", db.name, float64(rss)/1024)
 	}
-	return waitingOn(work, wl, dbs, servers{pg: pg, rd: rd, mg: mg, et: et, md: md, kube: kube})
+	if err := waitingOn(work, wl, dbs, servers{pg: pg, rd: rd, mg: mg, et: et, md: md, kube: kube}); err != nil {
+		return err
+	}
+	fmt.Printf("\n%s", goalsTable(measured))
+	return nil
 }
 
 // servers are the test servers of a run, for the waiting figure.

@@ -345,6 +345,7 @@ func waitingTable(work, wl string, targets []waitTarget) error {
 		}
 		fmt.Printf("| %s | %.1f%% | %.1f%% | %.2f%% | %.2f | %s |\n", t.name, 100*alone.cpu, 100*crowd.cpu,
 			100*(crowd.cpu-alone.cpu)/waiters, (crowd.ops-alone.ops)/waiters, t.counter)
+		measured.set("waiter cpu", t.name, 100*(crowd.cpu-alone.cpu)/waiters)
 	}
 	return nil
 }
