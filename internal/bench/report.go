@@ -82,7 +82,11 @@ func writeDoc(doc, output string, f figures, when time.Time) error {
 	fmt.Fprintf(&b, "# Performance\n\n")
 	fmt.Fprintf(&b, "Written by `make bench` on %s, at commit %s, on %s. Run `make bench`\n", when.UTC().Format("2006-01-02"), commit(), machine())
 	fmt.Fprintf(&b, "to measure again; earlier runs are in this file's history in git. What each\n")
-	fmt.Fprintf(&b, "figure measures is in `internal/bench`.\n\n")
+	fmt.Fprintf(&b, "figure measures is in `internal/bench`.")
+	if strings.Contains(output, "\n## Goals\n") {
+		fmt.Fprintf(&b, " Which performance goals the run meets\nand misses is under [Goals](#goals), at the end.")
+	}
+	fmt.Fprintf(&b, "\n\n")
 	for _, c := range charts {
 		fmt.Fprintf(&b, "%s\n\n", c)
 	}

@@ -24,7 +24,7 @@ func TestWriteDoc(t *testing.T) {
 			{"withlock redis", []float64{150}},
 		},
 	}
-	output := "# withlock benchmarks\n\nSome CPU, 2 cores, 2026-01-02\n\n## Hand-off\n\n| contender | median |\n|---|---:|\n| flock | 1.20 ms |\n"
+	output := "# withlock benchmarks\n\nSome CPU, 2 cores, 2026-01-02\n\n## Hand-off\n\n| contender | median |\n|---|---:|\n| flock | 1.20 ms |\n\n## Goals\n\n| goal | measured | verdict |\n"
 	if err := writeDoc(doc, output, f, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)); err != nil {
 		t.Fatal(err)
 	}
@@ -40,6 +40,8 @@ func TestWriteDoc(t *testing.T) {
 		"](performance-contention.svg)",
 		"## Hand-off\n",
 		"| flock | 1.20 ms |\n",
+		"[Goals](#goals)",
+		"\n## Goals\n",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("performance.md lacks %q:\n%s", want, text)
@@ -67,14 +69,15 @@ func TestWriteDoc(t *testing.T) {
 	}
 }
 
-// A run without figures (none collected) writes the page without charts.
+// A run without figures (none collected) writes the page without charts,
+// nor a link to goals it did not judge.
 func TestWriteDocWithoutFigures(t *testing.T) {
 	doc := filepath.Join(t.TempDir(), "performance.md")
 	if err := writeDoc(doc, "## Memory\n", figures{}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	page, _ := os.ReadFile(doc)
-	if strings.Contains(string(page), ".svg") || !strings.Contains(string(page), "## Memory\n") {
+	if strings.Contains(string(page), ".svg") || strings.Contains(string(page), "#goals") || !strings.Contains(string(page), "## Memory\n") {
 		t.Errorf("performance.md:\n%s", page)
 	}
 }
