@@ -73,13 +73,13 @@ func runDoc() error {
 	if err != nil {
 		return err
 	}
-	started := time.Now()
+	started, at := time.Now(), commit() // before the run writes anything
 	err = run()
 	restore()
 	if err != nil {
 		return err
 	}
-	return writeDoc(*doc, out.String(), collected, started)
+	return writeDoc(*doc, out.String(), collected, started, at)
 }
 
 type contender struct {

@@ -57,8 +57,10 @@ func teeStdout(w io.Writer) (restore func(), err error) {
 // writeDoc writes the run's output to doc (docs/performance.md), under a
 // header that says when, at which commit and on which machine it was
 // measured, with the charts of f beside it as SVG files. Only the latest
-// run is kept; earlier ones are in git's history of the file.
-func writeDoc(doc, output string, f figures, when time.Time) error {
+// run is kept; earlier ones are in git's history of the file. at is the
+// commit the run measured, read when it began: the charts written here
+// would otherwise count as changes.
+func writeDoc(doc, output string, f figures, when time.Time, at string) error {
 	dir := filepath.Dir(doc)
 	var charts []string
 	if len(f.handoff) > 0 {
@@ -80,7 +82,7 @@ func writeDoc(doc, output string, f figures, when time.Time) error {
 
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Performance\n\n")
-	fmt.Fprintf(&b, "Written by `make bench` on %s, at commit %s, on %s. Run `make bench`\n", when.UTC().Format("2006-01-02"), commit(), machine())
+	fmt.Fprintf(&b, "Written by `make bench` on %s, at commit %s, on %s. Run `make bench`\n", when.UTC().Format("2006-01-02"), at, machine())
 	fmt.Fprintf(&b, "to measure again; earlier runs are in this file's history in git. What each\n")
 	fmt.Fprintf(&b, "figure measures is in `internal/bench`.")
 	if strings.Contains(output, "\n## Goals\n") {

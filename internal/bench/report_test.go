@@ -25,7 +25,7 @@ func TestWriteDoc(t *testing.T) {
 		},
 	}
 	output := "# withlock benchmarks\n\nSome CPU, 2 cores, 2026-01-02\n\n## Hand-off\n\n| contender | median |\n|---|---:|\n| flock | 1.20 ms |\n\n## Goals\n\n| goal | measured | verdict |\n"
-	if err := writeDoc(doc, output, f, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)); err != nil {
+	if err := writeDoc(doc, output, f, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), "0123456789ab"); err != nil {
 		t.Fatal(err)
 	}
 	page, err := os.ReadFile(doc)
@@ -35,7 +35,7 @@ func TestWriteDoc(t *testing.T) {
 	text := string(page)
 	for _, want := range []string{
 		"# Performance\n",
-		"Written by `make bench` on 2026-01-02, at commit ",
+		"Written by `make bench` on 2026-01-02, at commit 0123456789ab, on ",
 		"](performance-handoff.svg)",
 		"](performance-contention.svg)",
 		"## Hand-off\n",
@@ -73,7 +73,7 @@ func TestWriteDoc(t *testing.T) {
 // nor a link to goals it did not judge.
 func TestWriteDocWithoutFigures(t *testing.T) {
 	doc := filepath.Join(t.TempDir(), "performance.md")
-	if err := writeDoc(doc, "## Memory\n", figures{}, time.Now()); err != nil {
+	if err := writeDoc(doc, "## Memory\n", figures{}, time.Now(), "0123456789ab"); err != nil {
 		t.Fatal(err)
 	}
 	page, _ := os.ReadFile(doc)
