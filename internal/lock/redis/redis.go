@@ -1,5 +1,5 @@
 // Package redis is the redis:// and rediss:// backend. The lock of NAME is
-// one hash, withlock:NAME, holding every holder's random token with the end
+// one hash, withlock:{NAME}, holding every holder's random token with the end
 // of its lease (by the server's clock), its fencing token and its record
 // (host, pid, command, when it acquired), and the lock's mode and a
 // semaphore's N (scripts.go has the layout). Every write is a script that
@@ -7,12 +7,12 @@
 // or release its own lease, and each holder's lease ends on its own.
 //
 // The script that takes a place among the holders also sets the fencing
-// token kept in withlock-fence:NAME: the server's clock in microseconds, or
+// token kept in withlock-fence:{NAME}: the server's clock in microseconds, or
 // one more than the last token if that is larger. Tokens therefore keep
 // growing when the server loses its data, as long as its clock does not go
-// back, in every mode. A release publishes on withlock:released:NAME, which
+// back, in every mode. A release publishes on withlock:released:{NAME}, which
 // waiters subscribe to. An exclusive waiter kept out by shared or semaphore
-// holders sets withlock-writer:NAME for a few seconds at each attempt; new
+// holders sets withlock-writer:{NAME} for a few seconds at each attempt; new
 // shared and semaphore holders wait while it is there, so that a stream of
 // them cannot starve the exclusive waiter.
 //
@@ -23,8 +23,10 @@
 // withlock-fresh, holding the server's run_id, says that this start of the
 // server forgot nothing (a new server), and lifts that wait.
 //
-// The keys of one name are not in one hash slot, so Redis Cluster is not
-// supported; use a single server or a Sentinel-managed primary.
+// The keys and the channel of one name share the hash tag {NAME} (see Key).
+// withlock-fresh is the server's alone, outside every name's slot, so
+// Redis Cluster is not supported; use a single server or a Sentinel-managed
+// primary.
 package redis
 
 import (
@@ -70,10 +72,36 @@ const FreshKey = "withlock-fresh"
 // Key names. Exported for tests and for anyone who inspects a server.
 // withlock:* holds only the names' lock hashes (List scans it); the fence
 // and the writer mark are outside it.
-func Key(name string) string       { return "withlock:" + name }
-func FenceKey(name string) string  { return "withlock-fence:" + name }
-func WriterKey(name string) string { return "withlock-writer:" + name }
-func Channel(name string) string   { return "withlock:released:" + name }
+//
+// Every key and the channel of one NAME carry the hash tag {NAME}, so that
+// they fall in one hash slot of a Redis Cluster, where a script may touch
+// the keys of one slot only, and NAMEs spread over the cluster's masters.
+// Redis hashes the first {...} of a key, so the NAME inside it is escaped
+// (see tag) to hold no brace: a NAME with braces hashes as a whole.
+func Key(name string) string       { return "withlock:{" + tag(name) + "}" }
+func FenceKey(name string) string  { return "withlock-fence:{" + tag(name) + "}" }
+func WriterKey(name string) string { return "withlock-writer:{" + tag(name) + "}" }
+func Channel(name string) string   { return "withlock:released:{" + tag(name) + "}" }
+
+// keyPattern is the SCAN pattern of every lock hash: Key with any NAME.
+const keyPattern = "withlock:{*}"
+
+// tagEscaper writes a NAME inside a hash tag: %, { and } as in a URL, and
+// nothing else, so that most NAMEs read as they are.
+var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+func tag(name string) string { return tagEscaper.Replace(name) }
+
+// nameOf is the NAME of a lock hash's key, Key's inverse; ok is false for a
+// key that Key does not make.
+func nameOf(key string) (name string, ok bool) {
+	t, ok := strings.CutPrefix(key, "withlock:{")
+	if t, ok = strings.CutSuffix(t, "}"); !ok || strings.ContainsAny(t, "{}") {
+		return "", false
+	}
+	name, err := url.PathUnescape(t)
+	return name, err == nil && tag(name) == t
+}
 
 // markTTL is how long an exclusive waiter's mark keeps new shared and
 // semaphore holders out. The waiter renews it at every attempt, and

@@ -6,7 +6,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// The lock of NAME is one hash, withlock:NAME (Key), in every mode:
+// The lock of NAME is one hash, withlock:{NAME} (Key), in every mode:
 //
 //	mode     exclusive, shared or semaphore: how the holders hold it
 //	max      a semaphore's N

@@ -29,7 +29,7 @@ func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) 
 	return states[0], nil
 }
 
-// List returns every lock held right now: SCAN over withlock:* (never
+// List returns every lock held right now: SCAN over withlock:{*} (never
 // KEYS, which would stop the server while it walks every key), each page
 // read in one transaction.
 func (b *backend) List(ctx context.Context) ([]lock.State, error) {
@@ -37,11 +37,14 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 	seen := map[string]bool{} // SCAN may return a key more than once
 	var cursor uint64
 	for {
-		keys, next, err := b.client.Scan(ctx, cursor, Key("*"), scanCount).Result()
+		keys, next, err := b.client.Scan(ctx, cursor, keyPattern, scanCount).Result()
 		if err != nil {
 			return nil, b.classify(err)
 		}
-		keys = slices.DeleteFunc(keys, func(k string) bool { return seen[k] })
+		keys = slices.DeleteFunc(keys, func(k string) bool {
+			_, ours := nameOf(k)
+			return seen[k] || !ours
+		})
 		if len(keys) > 0 {
 			states, err := b.inspect(ctx, keys)
 			if err != nil {
@@ -63,7 +66,7 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 	return held, nil
 }
 
-// inspect reads the locks at keys (withlock:NAME each) in one
+// inspect reads the locks at keys (withlock:{NAME} each) in one
 // transaction, with the server's time to judge their holders' leases by.
 // It runs no script and writes nothing, so status needs only the right to
 // read the withlock:* keys (EVAL needs write access to its keys) and works
@@ -114,7 +117,8 @@ func (b *backend) inspect(ctx context.Context, keys []string) ([]lock.State, err
 // holders of a lock hash whose leases have not ended, or, for a key of
 // another type, one holder of which nothing is known.
 func (b *backend) state(key string, now int64, kind string, pttl int64, fields map[string]string) lock.State {
-	st := lock.State{Name: strings.TrimPrefix(key, Key("")), Key: key}
+	name, _ := nameOf(key)
+	st := lock.State{Name: name, Key: key}
 	switch kind {
 	case "none":
 		return st
@@ -187,7 +191,7 @@ func parseHolder(v string) (lock.Holder, bool) {
 // Break deletes name's lock whatever its holders, and publishes the
 // release so that waiters try at once. The fence counter stays: the next
 // holder's token still grows. The holders find their lease gone at their
-// next renewal (within ttl/3) and stop. A key at withlock:NAME that is no
+// next renewal (within ttl/3) and stop. A key at withlock:{NAME} that is no
 // lease (no expiry, or not a string or hash) is left alone: ErrHeld.
 func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error) {
 	reply, err := breakScript.get().Run(ctx, b.client, []string{Key(name), Channel(name)}).Slice()
