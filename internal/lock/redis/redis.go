@@ -23,10 +23,8 @@
 // withlock-fresh, holding the server's run_id, says that this start of the
 // server forgot nothing (a new server), and lifts that wait.
 //
-// The keys and the channel of one name share the hash tag {NAME} (see Key).
-// withlock-fresh is the server's alone, outside every name's slot, so
-// Redis Cluster is not supported; use a single server or a Sentinel-managed
-// primary.
+// The keys and the channel of one name share the hash tag {NAME} (see Key),
+// so that in a Redis Cluster each name is held on one master (cluster.go).
 package redis
 
 import (
@@ -67,6 +65,7 @@ const maxDial = 5 * time.Second
 // holds the server's current run_id (INFO server), the server is known to
 // have forgotten no lease, for example because it is new. A restart changes
 // the run_id, so the key never carries over to the next start.
+// A cluster has one per slot instead (FreshKeyFor).
 const FreshKey = "withlock-fresh"
 
 // Key names. Exported for tests and for anyone who inspects a server.
@@ -111,9 +110,15 @@ func nameOf(key string) (name string, ok bool) {
 const markTTL = 3 * time.Second
 
 type backend struct {
-	client *goredis.Client
-	addr   string
-	opts   lock.Options
+	// client is the single server's, or the cluster's (cluster) once
+	// known; detect says that client is a single node's URL's, and that
+	// whether the node is in a cluster is not known yet (see connect).
+	client  goredis.UniversalClient
+	cluster *goredis.ClusterClient
+	detect  bool
+	single  *goredis.Options // the single node's options, for connect
+	addr    string
+	opts    lock.Options
 	// record is this holder's host, pid and command, as JSON, stored
 	// with its lease for withlock status.
 	record string
@@ -160,9 +165,19 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	}
 	c := *u
 	c.RawQuery = q.Encode()
+	clustered := q.Has("addr") // go-redis's form of a cluster's URL
+	if clustered {
+		// go-redis's single-server parser knows no addr; the cluster
+		// parser takes the rest, and the options below, from the same URL.
+		q.Del("addr")
+		c.RawQuery = q.Encode()
+	}
 	ropts, err := goredis.ParseURL(c.String())
 	if err != nil {
 		return nil, lock.Errorf(lock.ErrUsage, "redis URL: %v", err)
+	}
+	if clustered && ropts.DB != 0 {
+		return nil, lock.Errorf(lock.ErrUsage, "redis URL: a Redis Cluster has only database 0; drop /%d from the URL", ropts.DB)
 	}
 	if files != nil && ropts.TLSConfig != nil {
 		ropts.TLSConfig.RootCAs, ropts.TLSConfig.Certificates = files.RootCAs, files.Certificates
@@ -185,14 +200,25 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	if err != nil {
 		return nil, lock.Errorf(lock.ErrUsage, "redis: the holder's record: %v", err)
 	}
-	return &backend{
-		client:       goredis.NewClient(ropts),
+	b := &backend{
 		addr:         ropts.Addr,
 		opts:         opts,
 		record:       string(rec),
 		waitReplicas: waitReplicas,
 		id:           lock.NewToken(),
-	}, nil
+	}
+	if !clustered {
+		b.client, b.single, b.detect = goredis.NewClient(ropts), ropts, true
+		return b, nil
+	}
+	copts, err := goredis.ParseClusterURL(u.String())
+	if err != nil {
+		return nil, lock.Errorf(lock.ErrUsage, "redis URL: %v", err)
+	}
+	o := clusterOptions(ropts)
+	o.Addrs = copts.Addrs
+	b.useCluster(o)
+	return b, nil
 }
 
 // closeTimeout bounds Close's clearing of a writer mark left by a wait that
@@ -205,7 +231,7 @@ const closeTimeout = time.Second
 func (b *backend) Close() error {
 	if b.marked != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		unmarkScript.get().Run(ctx, b.client, []string{WriterKey(b.marked), Channel(b.marked)}, b.id)
+		unmarkScript.get().Run(ctx, b.client, []string{WriterKey(b.marked), Channel(b.marked)}, b.id, b.publish())
 		cancel()
 		b.marked = ""
 	}
@@ -216,6 +242,9 @@ func (b *backend) Close() error {
 // only place for an exclusive lock, one of any number for a shared one, one
 // of N for a semaphore.
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
+	if err := b.connect(ctx); err != nil {
+		return nil, err
+	}
 	token := lock.NewToken()
 	// Only a waiter marks: a --no-wait attempt gives up at once, and its
 	// mark would only keep shared holders out for nothing.
@@ -223,14 +252,14 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	if !b.opts.NoWait {
 		mark = markTTL.Milliseconds()
 	}
-	keys := []string{Key(name), FenceKey(name), FreshKey, WriterKey(name)}
+	keys := []string{Key(name), FenceKey(name), b.freshKey(name), WriterKey(name)}
 	cmd, acks, err := b.run(ctx, acquireScript, keys,
 		token, b.opts.TTL.Milliseconds(), string(b.opts.Mode), b.opts.MaxHolders, b.record, b.id, mark)
 	if err != nil {
 		if cmd.Err() == nil {
 			// The lease may be ours but WAIT did not answer: give it back
 			// if the connection still lets us.
-			releaseScript.get().Run(ctx, b.client, []string{Key(name), Channel(name)}, token)
+			releaseScript.get().Run(ctx, b.client, []string{Key(name), Channel(name)}, token, b.publish())
 		}
 		return nil, b.classifyIn(err, acquireScript, keys...)
 	}
@@ -329,9 +358,17 @@ func (b *backend) run(ctx context.Context, ls *luaScript, keys []string, args ..
 		cmd = s.Run(ctx, b.client, keys, args...)
 		return cmd, -1, cmd.Err()
 	}
+	// WAIT counts the replicas of the connection's server that have its
+	// writes: the script's, on the server of its keys.
+	node, err := b.node(ctx, keys[0])
+	if err != nil {
+		cmd = goredis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd, 0, err
+	}
 	for _, eval := range []bool{false, true} {
 		var wait *goredis.Cmd
-		b.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		node.Pipelined(ctx, func(p goredis.Pipeliner) error {
 			if eval {
 				cmd = s.Eval(ctx, p, keys, args...)
 			} else {
@@ -368,9 +405,18 @@ func (b *backend) waitTimeout(ctx context.Context) time.Duration {
 	return max(d, 10*time.Millisecond)
 }
 
-// Notify subscribes to the name's release channel.
+// Notify subscribes to the name's release channel: in a cluster, as a
+// sharded channel, on the master of the name's slot.
 func (b *backend) Notify(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	sub := b.client.Subscribe(ctx, Channel(name))
+	if err := b.connect(ctx); err != nil {
+		return nil, nil, err
+	}
+	var sub *goredis.PubSub
+	if b.cluster != nil {
+		sub = b.cluster.SSubscribe(ctx, Channel(name))
+	} else {
+		sub = b.client.Subscribe(ctx, Channel(name))
+	}
 	if _, err := sub.Receive(ctx); err != nil {
 		sub.Close()
 		return nil, nil, b.classifyIn(err, nil, Channel(name))
@@ -424,10 +470,6 @@ func (b *backend) classifyIn(err error, s *luaScript, keys ...string) error {
 		switch {
 		case strings.HasPrefix(msg, "READONLY"):
 			return lock.Unsafe(fmt.Sprintf("redis at %s is a replica (%s), where a lock excludes nobody", b.addr, msg), "point withlock at the primary")
-		case hasAnyPrefix(msg, []string{"CROSSSLOT", "MOVED", "ASK"}):
-			// One NAME's keys fall in different hash slots.
-			return lock.Unsafe(fmt.Sprintf("redis at %s is a node of a Redis Cluster (%s), where withlock cannot keep one lock's keys together", b.addr, msg),
-				"point withlock at a Redis server outside a cluster, or at a Sentinel-managed primary")
 		case hasAnyPrefix(msg, transient):
 			return lock.Errorf(lock.ErrUnavailable, "redis at %s is not ready (%s)", b.addr, msg)
 		}
@@ -500,7 +542,7 @@ func (l *lease) Keep(ctx context.Context) error {
 // Release deletes this holder's place. It frees the lock even when the user
 // may not publish the release to the waiters: they poll.
 func (l *lease) Release(ctx context.Context) error {
-	reply, err := releaseScript.get().Run(ctx, l.b.client, []string{Key(l.name), Channel(l.name)}, l.token).Result()
+	reply, err := releaseScript.get().Run(ctx, l.b.client, []string{Key(l.name), Channel(l.name)}, l.token, l.b.publish()).Result()
 	if err != nil {
 		return l.b.classifyIn(err, releaseScript, Key(l.name), Channel(l.name))
 	}
