@@ -258,6 +258,16 @@ func TestScripts(t *testing.T) {
 			e.Setenv("CLOSED", "redis://:hunter22@127.0.0.1:1?addr=127.0.0.1:2")
 			return c.URL, c, nil
 		}},
+		{"redissentinel", func(t *testing.T) { testenv.RequireRedis(t) }, func(e *testscript.Env) (string, server, error) {
+			// A primary, its replica and three Sentinels, given by the
+			// Sentinels' addresses.
+			s, err := testenv.StartRedisSentinel(testenv.RedisOptions{Password: "s3cret-pw"})
+			if err != nil {
+				return "", nil, err
+			}
+			e.Setenv("CLOSED", "redis+sentinel://:hunter22@127.0.0.1:1/locks")
+			return s.URL, s, nil
+		}},
 		{"etcd", func(t *testing.T) { testenv.RequireEtcd(t) }, func(e *testscript.Env) (string, server, error) {
 			s, err := testenv.StartEtcd() // ~200ms: one per script
 			if err != nil {
@@ -349,11 +359,11 @@ type scriptState struct {
 type stateKey struct{}
 
 // recordsN are the backends that record a semaphore's N (docs/modes.md).
-var recordsN = map[string]bool{"redis": true, "rediscluster": true, "mongodb": true, "file": true, "postgres": true, "etcd": true, "k8s": true}
+var recordsN = map[string]bool{"redis": true, "rediscluster": true, "redissentinel": true, "mongodb": true, "file": true, "postgres": true, "etcd": true, "k8s": true}
 
 // leaseBackends hold an expiring lease; the others a lock that lives with
 // their connection or open file.
-var leaseBackends = map[string]bool{"redis": true, "rediscluster": true, "mongodb": true, "etcd": true, "k8s": true}
+var leaseBackends = map[string]bool{"redis": true, "rediscluster": true, "redissentinel": true, "mongodb": true, "etcd": true, "k8s": true}
 
 func params(dir, backend string, setup func(*testscript.Env) error) testscript.Params {
 	return testscript.Params{
@@ -788,8 +798,8 @@ func cmdBreaklease(ts *testscript.TestScript, neg bool, args []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	switch ts.Getenv("BACKEND") {
-	case "redis", "rediscluster":
-		n, err := testenv.RedisDo(ctx, ts.Getenv("DB"), "DEL", redis.Key(args[0]))
+	case "redis", "rediscluster", "redissentinel":
+		n, err := testenv.RedisDo(ctx, redisURL(ts, args[0]), "DEL", redis.Key(args[0]))
 		ts.Check(err)
 		if n != "1" {
 			ts.Fatalf("breaklease: no lease %s to delete", redis.Key(args[0]))
@@ -906,10 +916,10 @@ func cmdWaiters(ts *testscript.TestScript, neg bool, args []string) {
 	}
 	// In a cluster, waiters subscribe to a sharded channel on the master
 	// of NAME's slot.
-	url, numsub := ts.Getenv("DB"), "NUMSUB"
-	if c, ok := ts.Value(stateKey{}).(*scriptState).server.(*testenv.RedisCluster); ok {
-		url, numsub = c.Nodes[c.NodeOf(redis.Slot(redis.Key(args[0])))].URL, "SHARDNUMSUB"
-	} else if ts.Getenv("BACKEND") != "redis" {
+	url, numsub := redisURL(ts, args[0]), "NUMSUB"
+	if ts.Getenv("BACKEND") == "rediscluster" {
+		numsub = "SHARDNUMSUB"
+	} else if ts.Getenv("BACKEND") != "redis" && ts.Getenv("BACKEND") != "redissentinel" {
 		ts.Fatalf("waiters: not for backend %s", ts.Getenv("BACKEND"))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -926,6 +936,29 @@ func cmdWaiters(ts *testscript.TestScript, neg bool, args []string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// redisURL is the URL of the Redis server that holds NAME's keys: the
+// script's, its cluster's master of NAME's slot, or the primary that its
+// Sentinels name.
+func redisURL(ts *testscript.TestScript, name string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	switch s := ts.Value(stateKey{}).(*scriptState).server.(type) {
+	case *testenv.RedisCluster:
+		return s.Nodes[s.NodeOf(redis.Slot(redis.Key(name)))].URL
+	case *testenv.RedisSentinel:
+		for {
+			if p := s.Primary(ctx); p != nil {
+				return p.URL
+			}
+			if ctx.Err() != nil {
+				ts.Fatalf("no primary named by every Sentinel within 30s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return ts.Getenv("DB")
 }
 
 // rediscmd ARG... runs one command on $DB's Redis server (as its admin)

@@ -26,7 +26,10 @@ func (b *backend) Check(ctx context.Context, probe string) ([]lock.Finding, erro
 	}
 	var findings []lock.Finding
 	err := b.forEachMaster(ctx, func(node *goredis.Client) error {
-		addr := node.Options().Addr
+		addr := b.addr // a single server's, or the Sentinels'
+		if b.cluster != nil {
+			addr = node.Options().Addr
+		}
 		memory, err := node.Info(ctx, "memory").Result()
 		if err != nil {
 			return b.classify(err)

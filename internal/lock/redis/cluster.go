@@ -106,7 +106,12 @@ func (b *backend) publish() string {
 // connect asks the server of a single node's URL, at the first command,
 // whether it is in a cluster, and if so goes on with a cluster client
 // that starts from it.
+//
+// Every method that may be a client's first command calls connect first:
+// its lock orders their reads of b.client after its one change.
 func (b *backend) connect(ctx context.Context) error {
+	b.connecting.Lock()
+	defer b.connecting.Unlock()
 	if !b.detect {
 		return nil
 	}

@@ -38,6 +38,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -48,6 +49,7 @@ import (
 func init() {
 	lock.Register("redis", open)
 	lock.Register("rediss", open)
+	lock.Register("redis+sentinel", open)
 	// go-redis logs dial failures on stderr by itself; withlock's stderr
 	// is its own, and those errors reach us as return values anyway.
 	goredis.SetLogger(quiet{})
@@ -113,12 +115,17 @@ type backend struct {
 	// client is the single server's, or the cluster's (cluster) once
 	// known; detect says that client is a single node's URL's, and that
 	// whether the node is in a cluster is not known yet (see connect).
-	client  goredis.UniversalClient
-	cluster *goredis.ClusterClient
-	detect  bool
-	single  *goredis.Options // the single node's options, for connect
-	addr    string
-	opts    lock.Options
+	client     goredis.UniversalClient
+	cluster    *goredis.ClusterClient
+	detect     bool
+	connecting sync.Mutex       // held by connect
+	single     *goredis.Options // the single node's options, for connect
+	// sentinel says that client is a failover client, which finds the
+	// primary through Sentinel.
+	sentinel bool
+	master   string // the primary's name, with sentinel
+	addr     string
+	opts     lock.Options
 	// record is this holder's host, pid and command, as JSON, stored
 	// with its lease for withlock status.
 	record string
@@ -163,7 +170,18 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	for _, k := range []string{"wait_replicas", "cacert", "cert", "key"} {
 		q.Del(k)
 	}
+	var sentinel *goredis.FailoverOptions
+	if u.Scheme == "redis+sentinel" {
+		if sentinel, err = sentinelOptions(u, q); err != nil {
+			return nil, err
+		}
+		q = url.Values{}
+	}
 	c := *u
+	c.Scheme, c.Host, c.Path = "redis", "localhost", ""
+	if sentinel == nil {
+		c = *u
+	}
 	c.RawQuery = q.Encode()
 	clustered := q.Has("addr") // go-redis's form of a cluster's URL
 	if clustered {
@@ -207,6 +225,14 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 		waitReplicas: waitReplicas,
 		id:           lock.NewToken(),
 	}
+	if sentinel != nil {
+		b.sentinel = true
+		// Messages name the Sentinels, which an outage is first of all;
+		// go-redis's errors name the primary when it is the one missing.
+		b.addr, b.master = u.Host, sentinel.MasterName
+		b.client = goredis.NewFailoverClient(failoverOptions(sentinel, ropts))
+		return b, nil
+	}
 	if !clustered {
 		b.client, b.single, b.detect = goredis.NewClient(ropts), ropts, true
 		return b, nil
@@ -229,6 +255,8 @@ const closeTimeout = time.Second
 // Close clears the writer mark this client left, if any, and drops the
 // connection.
 func (b *backend) Close() error {
+	b.connecting.Lock()
+	defer b.connecting.Unlock()
 	if b.marked != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 		unmarkScript.get().Run(ctx, b.client, []string{WriterKey(b.marked), Channel(b.marked)}, b.id, b.publish())
@@ -316,9 +344,19 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 		return nil, b.tooYoung(name, time.Duration(up)*time.Second, time.Duration(wait)*time.Millisecond)
 	case replyReplica:
 		role, _ := reply[1].(string)
+		if b.sentinel {
+			return nil, b.demoted("role:" + role)
+		}
 		return nil, lock.Unsafe(fmt.Sprintf("redis at %s is a replica (role:%s), where a lock excludes nobody", b.addr, role), "point withlock at the primary")
 	}
 	return nil, lock.Errorf(lock.ErrRefused, "redis at %s: unexpected reply %v to the acquire script", b.addr, reply)
+}
+
+// demoted is the error of an attempt that found a replica where Sentinel
+// had named the primary: an outage until the client learns of the new
+// primary, which the wait loop retries.
+func (b *backend) demoted(why string) error {
+	return lock.Errorf(lock.ErrUnavailable, "redis %s, as the Sentinels at %s named it, is a replica now (%s): a failover is under way", b.master, b.addr, why)
 }
 
 // tooYoung is the error of an attempt on a server that started less than
@@ -468,6 +506,8 @@ func (b *backend) classifyIn(err error, s *luaScript, keys ...string) error {
 			return lock.Errorf(lock.ErrRefused, "redis at %s: %s (%s)", b.addr, what, strings.TrimSuffix(msg, "."))
 		}
 		switch {
+		case strings.HasPrefix(msg, "READONLY") && b.sentinel:
+			return b.demoted(msg)
 		case strings.HasPrefix(msg, "READONLY"):
 			return lock.Unsafe(fmt.Sprintf("redis at %s is a replica (%s), where a lock excludes nobody", b.addr, msg), "point withlock at the primary")
 		case hasAnyPrefix(msg, transient):

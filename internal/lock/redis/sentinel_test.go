@@ -1,0 +1,127 @@
+package redis_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/withlock/withlock/internal/lock"
+	"github.com/withlock/withlock/internal/lock/locktest"
+	"github.com/withlock/withlock/internal/lock/redis"
+	"github.com/withlock/withlock/internal/testenv"
+)
+
+// TestSentinelConformance: the shared suite through a Sentinel URL.
+func TestSentinelConformance(t *testing.T) {
+	s := testenv.RequireRedisSentinel(t, testenv.RedisOptions{Password: "s3cret-pw"})
+	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, s.URL, opts) }
+	locktest.Run(t, open, locktest.Options{})
+	locktest.RunLease(t, open, func(t *testing.T, name string) {
+		primary := s.Primary(locktest.Context(t))
+		if n := do(t, primary.URL, "DEL", redis.Key(name)); n != "1" {
+			t.Fatalf("DEL %s: %q", redis.Key(name), n)
+		}
+	})
+	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
+	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
+}
+
+// TestSentinelFailover: a failover while one holds the lock and another
+// waits for it. The holder either keeps its lease (replicated, with
+// wait_replicas=1, and renewed on the new primary) or loses it (a renewal
+// refused by the demoted server); the waiter keeps waiting, with no
+// refusal, and gets the lock on the new primary only once the holder has
+// released or lost it.
+func TestSentinelFailover(t *testing.T) {
+	for _, query := range []string{"", "?wait_replicas=1"} {
+		t.Run("URL"+query, func(t *testing.T) {
+			s := testenv.RequireRedisSentinel(t, testenv.RedisOptions{Password: "s3cret-pw"})
+			testSentinelFailover(t, s, s.URL+query)
+		})
+	}
+}
+
+func testSentinelFailover(t *testing.T, s *testenv.RedisSentinel, url string) {
+	ctx := locktest.Context(t)
+	name := locktest.Name(t)
+	opts := lock.Options{TTL: 3 * time.Second, ConnectTimeout: 20 * time.Second}
+	holder, err := locktest.Open(t, url, opts).Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := holder.Token()
+	type result struct {
+		h   *lock.Held
+		at  time.Time
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		h, err := locktest.Open(t, url, opts).Acquire(ctx, name)
+		got <- result{h, time.Now(), err}
+	}()
+	old := s.Primary(ctx)
+	for do(t, old.URL, "PUBSUB", "NUMSUB", redis.Channel(name)) != redis.Channel(name)+"\n1" {
+		time.Sleep(10 * time.Millisecond) // the waiter's subscription: it waits
+	}
+	promoted, err := s.Failover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if promoted == old {
+		t.Fatal("the failover kept the old primary")
+	}
+	// Two renewals' time (ttl/3 each) on the new primary, or a loss.
+	select {
+	case <-holder.Lost():
+		t.Logf("the holder lost its lock in the failover: %v", holder.Err())
+	case <-time.After(2 * time.Second):
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("the waiter got %v, %v while the holder held the lock", r.h, r.err)
+	default:
+	}
+	released := time.Now()
+	holder.Release(ctx)
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("the waiter across the failover: %v", r.err)
+	}
+	defer r.h.Release(ctx)
+	if r.at.Before(released) {
+		t.Errorf("the waiter got the lock %v before the holder released it", released.Sub(r.at))
+	}
+	if tok, _ := r.h.Token(); tok <= first {
+		t.Errorf("the waiter's token %d is not above the holder's %d", tok, first)
+	}
+	if do(t, promoted.URL, "EXISTS", redis.Key(name)) != "1" {
+		t.Errorf("the waiter's lease is not on the new primary")
+	}
+}
+
+// TestSentinelURL: what a redis+sentinel URL must say.
+func TestSentinelURL(t *testing.T) {
+	for _, u := range []string{
+		"redis+sentinel://127.0.0.1:26379",
+		"redis+sentinel://127.0.0.1:26379/",
+		"redis+sentinel://127.0.0.1:26379/a/b",
+		"redis+sentinel://127.0.0.1:26379/locks?db=x",
+		"redis+sentinel://127.0.0.1:26379/locks?nosuch=1",
+		"redis+sentinel://127.0.0.1:26379/locks?cacert=/ca.pem",
+	} {
+		if _, err := lock.Open(u, lock.Options{}); !errors.Is(err, lock.ErrUsage) {
+			t.Errorf("%s: %v; want ErrUsage", u, err)
+		}
+	}
+	for _, u := range []string{
+		"redis+sentinel://:pw@127.0.0.1:26379,127.0.0.1,localhost:26380/locks?db=2&wait_replicas=1&sentinel_password=x",
+	} {
+		b, err := lock.Open(u, lock.Options{})
+		if err != nil {
+			t.Errorf("%s: %v", u, err)
+			continue
+		}
+		b.Close()
+	}
+}
