@@ -184,3 +184,19 @@ func TestClusterACL(t *testing.T) {
 		t.Errorf("Break: %v, %v", hs, err)
 	}
 }
+
+// TestClusterSlotNotServed: a NAME whose slot no master serves is an
+// outage (CLUSTERDOWN), retried, not a refusal.
+func TestClusterSlotNotServed(t *testing.T) {
+	r := testenv.RequireRedis(t, testenv.RedisOptions{Cluster: true})
+	name := locktest.Name(t)
+	slot := strconv.Itoa(redis.Slot(redis.Key(name)))
+	do(t, r.URL, "CLUSTER", "DELSLOTSRANGE", slot, slot)
+	_, err := locktest.Open(t, r.URL, lock.Options{}).TryAcquire(locktest.Context(t), name)
+	if !errors.Is(err, lock.ErrUnavailable) {
+		t.Fatalf("TryAcquire in a slot nobody serves: %v; want ErrUnavailable", err)
+	}
+	if !strings.Contains(err.Error(), "CLUSTERDOWN") {
+		t.Errorf("%v; want it to say CLUSTERDOWN", err)
+	}
+}

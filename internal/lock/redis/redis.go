@@ -1,4 +1,6 @@
-// Package redis is the redis:// and rediss:// backend. The lock of NAME is
+// Package redis is the redis://, rediss:// and redis+sentinel:// backend, on
+// one server, a Redis Cluster (cluster.go) or a primary found through
+// Sentinel (sentinel.go). The lock of NAME is
 // one hash, withlock:{NAME}, holding every holder's random token with the end
 // of its lease (by the server's clock), its fencing token and its record
 // (host, pid, command, when it acquired), and the lock's mode and a
@@ -178,9 +180,10 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 		q = url.Values{}
 	}
 	c := *u
-	c.Scheme, c.Host, c.Path = "redis", "localhost", ""
-	if sentinel == nil {
-		c = *u
+	if sentinel != nil {
+		// The options below are parsed from a single server's URL; the
+		// Sentinels' addresses and the primary's name are in sentinel.
+		c.Scheme, c.Host, c.Path = "redis", "localhost", ""
 	}
 	c.RawQuery = q.Encode()
 	clustered := q.Has("addr") // go-redis's form of a cluster's URL
