@@ -200,3 +200,54 @@ func TestClusterSlotNotServed(t *testing.T) {
 		t.Errorf("%v; want it to say CLUSTERDOWN", err)
 	}
 }
+
+// TestClusterSlotMoves: a NAME's slot moves to another master while its
+// lock is held (its keys migrated, as redis-cli --cluster reshard does):
+// the holder renews and releases there, following MOVED, and a waiter
+// takes the lock there.
+func TestClusterSlotMoves(t *testing.T) {
+	c := testenv.RequireRedisCluster(t)
+	ctx := locktest.Context(t)
+	name := locktest.Name(t)
+	slot := redis.Slot(redis.Key(name))
+	from := c.Nodes[c.NodeOf(slot)]
+	to := c.Nodes[(c.NodeOf(slot)+1)%len(c.Nodes)]
+	holder := locktest.Open(t, c.URL, lock.Options{TTL: time.Minute})
+	l, err := holder.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromID, toID := do(t, from.URL, "CLUSTER", "MYID"), do(t, to.URL, "CLUSTER", "MYID")
+	s := strconv.Itoa(slot)
+	do(t, to.URL, "CLUSTER", "SETSLOT", s, "IMPORTING", fromID)
+	do(t, from.URL, "CLUSTER", "SETSLOT", s, "MIGRATING", toID)
+	keys := strings.Split(do(t, from.URL, "CLUSTER", "GETKEYSINSLOT", s, "100"), "\n")
+	do(t, from.URL, append([]string{"MIGRATE", "127.0.0.1", strconv.Itoa(to.Port), "", "0", "5000", "KEYS"}, keys...)...)
+	for _, n := range c.Nodes {
+		do(t, n.URL, "CLUSTER", "SETSLOT", s, "NODE", toID)
+	}
+	if got := do(t, to.URL, "EXISTS", redis.Key(name)); got != "1" {
+		t.Fatalf("%s not migrated (keys %q)", redis.Key(name), keys)
+	}
+	// The slot's fresh key came along with the old master's run_id; the
+	// new master, as young as the test, would otherwise be waited out.
+	_, after, _ := strings.Cut(do(t, to.URL, "INFO", "server"), "run_id:")
+	runID, _, _ := strings.Cut(after, "\r\n")
+	do(t, to.URL, "SET", redis.FreshKeyFor(slot), runID)
+	if err := l.Keep(ctx); err != nil {
+		t.Fatalf("Keep after the slot moved: %v", err)
+	}
+	if _, err := locktest.Open(t, c.URL, lock.Options{}).TryAcquire(ctx, name); !errors.Is(err, lock.ErrHeld) || errors.Is(err, lock.ErrUnsettled) {
+		t.Fatalf("TryAcquire on the new master while held: %v; want ErrHeld", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release after the slot moved: %v", err)
+	}
+	l2, err := locktest.Open(t, c.Nodes[0].URL, lock.Options{}).TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatalf("TryAcquire after the release: %v", err)
+	}
+	if tokenOf(l2) <= tokenOf(l) {
+		t.Errorf("token %d after the move, %d before; want it to grow", tokenOf(l2), tokenOf(l))
+	}
+}
