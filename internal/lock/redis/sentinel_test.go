@@ -1,7 +1,10 @@
 package redis_test
 
 import (
+	"context"
 	"errors"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -123,5 +126,90 @@ func TestSentinelURL(t *testing.T) {
 			continue
 		}
 		b.Close()
+	}
+}
+
+// TestSentinelFailoverStress: six exclusive contenders take turns on one
+// name through Sentinel while the Sentinels fail over. Each records when
+// it ran its critical section: from the grant until it gives the lock back,
+// or until it learns that it lost it. Without wait_replicas a failover may
+// lose a lease not yet replicated (docs/redis.md), and then two may run at
+// once, but never longer than the loser's next renewal: under a ttl. The
+// overlap measured is logged.
+func TestSentinelFailoverStress(t *testing.T) {
+	s := testenv.RequireRedisSentinel(t, testenv.RedisOptions{Password: "s3cret-pw"})
+	const ttl = 3 * time.Second
+	name := locktest.Name(t)
+	ctx, cancel := context.WithCancel(locktest.Context(t))
+	defer cancel()
+	type span struct{ enter, exit time.Time }
+	var (
+		mu    sync.Mutex
+		spans []span
+		lost  int
+		wg    sync.WaitGroup
+	)
+	for i := range 6 {
+		c := locktest.Open(t, s.URL, lock.Options{TTL: ttl, ConnectTimeout: 30 * time.Second})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				h, err := c.Acquire(ctx, name)
+				if err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("contender %d: %v", i, err)
+					}
+					return
+				}
+				sp := span{enter: time.Now()}
+				select {
+				case <-h.Lost():
+					sp.exit = time.Now()
+					mu.Lock()
+					lost++
+					mu.Unlock()
+				case <-time.After(time.Duration(20+i*5) * time.Millisecond):
+					sp.exit = time.Now()
+				}
+				h.Release(context.WithoutCancel(ctx))
+				mu.Lock()
+				spans = append(spans, sp)
+				mu.Unlock()
+			}
+		}()
+	}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(spans) }
+	waitHolds := func(n int, what string) {
+		for deadline := time.Now().Add(time.Minute); count() < n; {
+			if time.Now().After(deadline) {
+				cancel()
+				wg.Wait()
+				t.Fatalf("%d holds within a minute, not %d: %s", count(), n, what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitHolds(20, "the contenders take turns")
+	if _, err := s.Failover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitHolds(count()+40, "they go on on the new primary")
+	cancel()
+	wg.Wait()
+	slices.SortFunc(spans, func(a, b span) int { return a.enter.Compare(b.enter) })
+	var overlaps int
+	var worst time.Duration
+	for i := 1; i < len(spans); i++ {
+		for j := 0; j < i; j++ {
+			if d := spans[j].exit.Sub(spans[i].enter); d > 0 {
+				overlaps++
+				worst = max(worst, d)
+			}
+		}
+	}
+	t.Logf("%d holds across a failover, %d lost, %d overlaps, the longest %v", len(spans), lost, overlaps, worst)
+	if worst >= ttl {
+		t.Errorf("two ran at once for %v; want less than the ttl (%v)", worst, ttl)
 	}
 }
