@@ -47,6 +47,8 @@ import (
 //	                          advisory-lock and hold.js
 //	testdata/script/file      file:// only
 //	testdata/script/lease     every lease backend (Redis, MongoDB, etcd)
+//	                          (Redis runs all and lease twice: on one server,
+//	                          and on a three-master cluster, rediscluster)
 //	testdata/script/etcd      etcd only; etcdctl is set up ($ETCDCTL_ENDPOINTS)
 //	testdata/script/mysql     MySQL (a MariaDB server) only; $MYSQLPORT is its
 //	                          port, for the mysql client (the user and password
@@ -246,6 +248,26 @@ func TestScripts(t *testing.T) {
 			e.Setenv("DBHOSTPORT", fmt.Sprintf("127.0.0.1:%d", r.Port))
 			return r.URL, r, nil
 		}},
+		{"rediscluster", func(t *testing.T) { testenv.RequireRedis(t) }, func(e *testscript.Env) (string, server, error) {
+			// A Redis Cluster of three masters (about 2s to start, as its
+			// nodes meet), given by all its nodes' addresses.
+			c, err := testenv.StartRedisCluster(testenv.RedisOptions{Password: "s3cret-pw"})
+			if err != nil {
+				return "", nil, err
+			}
+			e.Setenv("CLOSED", "redis://:hunter22@127.0.0.1:1?addr=127.0.0.1:2")
+			return c.URL, c, nil
+		}},
+		{"redissentinel", func(t *testing.T) { testenv.RequireRedis(t) }, func(e *testscript.Env) (string, server, error) {
+			// A primary, its replica and three Sentinels, given by the
+			// Sentinels' addresses.
+			s, err := testenv.StartRedisSentinel(testenv.RedisOptions{Password: "s3cret-pw"})
+			if err != nil {
+				return "", nil, err
+			}
+			e.Setenv("CLOSED", "redis+sentinel://:hunter22@127.0.0.1:1/locks")
+			return s.URL, s, nil
+		}},
 		{"etcd", func(t *testing.T) { testenv.RequireEtcd(t) }, etcdScript(testenv.EtcdOptions{})},
 		{"mysql", func(t *testing.T) { testenv.RequireMariaDB(t) }, func(e *testscript.Env) (string, server, error) {
 			// About a second: one per script, since GET_LOCK's names are
@@ -381,11 +403,11 @@ type scriptState struct {
 type stateKey struct{}
 
 // recordsN are the backends that record a semaphore's N (docs/modes.md).
-var recordsN = map[string]bool{"redis": true, "mongodb": true, "file": true, "postgres": true, "etcd": true, "k8s": true}
+var recordsN = map[string]bool{"redis": true, "rediscluster": true, "redissentinel": true, "mongodb": true, "file": true, "postgres": true, "etcd": true, "k8s": true}
 
 // leaseBackends hold an expiring lease; the others a lock that lives with
 // their connection or open file.
-var leaseBackends = map[string]bool{"redis": true, "mongodb": true, "etcd": true, "k8s": true}
+var leaseBackends = map[string]bool{"redis": true, "rediscluster": true, "redissentinel": true, "mongodb": true, "etcd": true, "k8s": true}
 
 func params(dir, backend string, setup func(*testscript.Env) error) testscript.Params {
 	return testscript.Params{
@@ -820,8 +842,8 @@ func cmdBreaklease(ts *testscript.TestScript, neg bool, args []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	switch ts.Getenv("BACKEND") {
-	case "redis":
-		n, err := testenv.RedisDo(ctx, ts.Getenv("DB"), "DEL", redis.Key(args[0]))
+	case "redis", "rediscluster", "redissentinel":
+		n, err := testenv.RedisDo(ctx, redisURL(ts, args[0]), "DEL", redis.Key(args[0]))
 		ts.Check(err)
 		if n != "1" {
 			ts.Fatalf("breaklease: no lease %s to delete", redis.Key(args[0]))
@@ -936,14 +958,19 @@ func cmdWaiters(ts *testscript.TestScript, neg bool, args []string) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	if ts.Getenv("BACKEND") != "redis" {
+	// In a cluster, waiters subscribe to a sharded channel on the master
+	// of NAME's slot.
+	url, numsub := redisURL(ts, args[0]), "NUMSUB"
+	if ts.Getenv("BACKEND") == "rediscluster" {
+		numsub = "SHARDNUMSUB"
+	} else if ts.Getenv("BACKEND") != "redis" && ts.Getenv("BACKEND") != "redissentinel" {
 		ts.Fatalf("waiters: not for backend %s", ts.Getenv("BACKEND"))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
 		// The reply is the channel and its number of subscribers.
-		reply, err := testenv.RedisDo(ctx, ts.Getenv("DB"), "PUBSUB", "NUMSUB", redis.Channel(args[0]))
+		reply, err := testenv.RedisDo(ctx, url, "PUBSUB", numsub, redis.Channel(args[0]))
 		if ctx.Err() != nil {
 			ts.Fatalf("waiters: not %s waiters for %q within 30s (last: %q, %v)", args[1], args[0], reply, err)
 		}
@@ -953,6 +980,29 @@ func cmdWaiters(ts *testscript.TestScript, neg bool, args []string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// redisURL is the URL of the Redis server that holds NAME's keys: the
+// script's, its cluster's master of NAME's slot, or the primary that its
+// Sentinels name.
+func redisURL(ts *testscript.TestScript, name string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	switch s := ts.Value(stateKey{}).(*scriptState).server.(type) {
+	case *testenv.RedisCluster:
+		return s.Nodes[s.NodeOf(redis.Slot(redis.Key(name)))].URL
+	case *testenv.RedisSentinel:
+		for {
+			if p := s.Primary(ctx); p != nil {
+				return p.URL
+			}
+			if ctx.Err() != nil {
+				ts.Fatalf("no primary named by every Sentinel within 30s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return ts.Getenv("DB")
 }
 
 // rediscmd ARG... runs one command on $DB's Redis server (as its admin)

@@ -78,8 +78,11 @@ There is no default. A password in the URL never appears in any output.
   server, or a node of a Galera cluster of more than one node, is refused
   (69). No --shared.
 - redis://user:pass@host:6379/db, rediss://...: a hash of leases judged by
-  the server's clock. Parameters: wait_replicas=N; with rediss://, cacert,
-  cert, key. A replica, or a node of a Redis Cluster, is refused (69).
+  the server's clock, on one server or a Redis Cluster (one node's URL, or
+  ?addr=host2:port2&addr=... for more). Parameters: wait_replicas=N; with
+  rediss://, cacert, cert, key. A replica is refused (69).
+  redis+sentinel://user:pass@host:26379[,host:port...]/MASTER[?db=N]: the
+  primary that these Sentinels name.
 - mongodb://host/db, mongodb+srv://...: lease documents, written by insert
   only, in the collection locks of the URL's database (default withlock).
   The driver's parameters (tls, tlsCAFile, w...).

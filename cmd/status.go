@@ -297,7 +297,7 @@ func backendName(rawURL string) string {
 	switch scheme {
 	case "postgresql":
 		return "postgres"
-	case "rediss":
+	case "rediss", "redis+sentinel":
 		return "redis"
 	case "mongodb+srv":
 		return "mongodb"

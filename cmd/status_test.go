@@ -69,7 +69,7 @@ func TestStatusJSON(t *testing.T) {
 
 func TestBackendName(t *testing.T) {
 	for url, want := range map[string]string{
-		"postgresql://u@h/db": "postgres", "rediss://h": "redis", "mongodb+srv://c.example.net": "mongodb",
+		"postgresql://u@h/db": "postgres", "rediss://h": "redis", "redis+sentinel://h/m": "redis", "mongodb+srv://c.example.net": "mongodb",
 		"file:///var/lock": "file", "POSTGRES://h": "postgres",
 	} {
 		if got := backendName(url); got != want {

@@ -140,6 +140,13 @@ func run() error {
 		return err
 	}
 	defer rd.Close()
+	// A three-master Redis Cluster, beside the single server in the
+	// hand-off and contention tables.
+	rc, err := testenv.StartRedisCluster()
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
 	mg, err := testenv.StartMongo()
 	if err != nil {
 		return err
@@ -261,7 +268,8 @@ func run() error {
 	if hand["flock"], err = handoff(work, lockCmd("")); err != nil {
 		return err
 	}
-	for _, db := range dbs {
+	clustered := append(dbs[:len(dbs):len(dbs)], struct{ name, url string }{"redis cluster", rc.URL})
+	for _, db := range clustered {
 		name := "withlock " + db.name
 		order = append(order, name)
 		if hand[name], err = handoff(work, lockCmd(db.url)); err != nil {
@@ -310,7 +318,7 @@ func run() error {
 		argv []string
 	}
 	conts := []cont{{"flock", acquisitions, []string{"flock", flockFile, "sh", "-c", critical}}}
-	for _, db := range dbs {
+	for _, db := range clustered {
 		conts = append(conts, cont{"withlock " + db.name, acquisitions, []string{wl, "--db", db.url, "contention", "--", "sh", "-c", critical}})
 	}
 	conts = append(conts,

@@ -48,6 +48,10 @@ type RedisOptions struct {
 	// Cluster starts it in cluster mode, a cluster of this one node that
 	// serves every hash slot.
 	Cluster bool
+
+	// clusterNode starts it in cluster mode serving no slot yet, to be
+	// made one of a cluster's masters (StartRedisCluster).
+	clusterNode bool
 }
 
 // StartRedis starts a new redis-server on a free port.
@@ -87,7 +91,7 @@ func StartRedis(opts ...RedisOptions) (*Redis, error) {
 				conf += fmt.Sprintf("masterauth %q\n", password)
 			}
 		}
-		if o.Cluster {
+		if o.Cluster || o.clusterNode {
 			conf += "cluster-enabled yes\ncluster-config-file nodes.conf\n"
 		}
 		r.URL = u.String()
@@ -104,12 +108,16 @@ func StartRedis(opts ...RedisOptions) (*Redis, error) {
 		return nil, err
 	}
 	if o.Cluster {
-		if err := r.serveEverySlot(); err != nil {
+		err := r.serveEverySlot()
+		if err == nil {
+			err = markFreshSlots(r, 0, RedisSlots-1)
+		}
+		if err != nil {
 			r.Close()
 			return nil, err
 		}
 	}
-	if o.ReplicaOf == nil {
+	if o.ReplicaOf == nil && !o.Cluster && !o.clusterNode {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		info, err := RedisDo(ctx, r.URL, "INFO", "server")
@@ -134,7 +142,8 @@ func RequireRedis(t testing.TB, opts ...RedisOptions) *Redis {
 
 // RedisDo runs one command on a connection of its own to the server of url
 // (rediss:// trusts any certificate; the URL's cert and key are a client
-// certificate) and returns the reply as text: a string as is, an integer in
+// certificate), or of a cluster's URL (with addr=...) to the master of its
+// key and returns the reply as text: a string as is, an integer in
 // decimal, nil as "(nil)", an array as its elements' texts, one a line. An
 // error reply is an error with the reply's text.
 func RedisDo(ctx context.Context, url string, args ...string) (string, error) {
@@ -148,6 +157,15 @@ func RedisDo(ctx context.Context, url string, args ...string) (string, error) {
 		q.Del(k)
 	}
 	u.RawQuery = q.Encode()
+	if q.Has("addr") {
+		// A cluster's URL: the command goes to the master of its key.
+		copts, err := goredis.ParseClusterURL(u.String())
+		if err != nil {
+			return "", err
+		}
+		copts.Protocol, copts.MaxRetries, copts.DisableIdentity = 2, -1, true
+		return redisReply(goredis.NewClusterClient(copts), ctx, args)
+	}
 	opts, err := goredis.ParseURL(u.String())
 	if err != nil {
 		return "", err
@@ -165,7 +183,12 @@ func RedisDo(ctx context.Context, url string, args ...string) (string, error) {
 	// RESP2, whose replies are strings, integers and arrays; no retries, no
 	// pool beyond this one connection.
 	opts.Protocol, opts.MaxRetries, opts.DialerRetries, opts.PoolSize, opts.DisableIdentity = 2, -1, 1, 1, true
-	c := goredis.NewClient(opts)
+	return redisReply(goredis.NewClient(opts), ctx, args)
+}
+
+// redisReply runs args on c, closes it, and returns the reply as RedisDo
+// does.
+func redisReply(c goredis.UniversalClient, ctx context.Context, args []string) (string, error) {
 	defer c.Close()
 	cmdArgs := make([]any, len(args))
 	for i, a := range args {

@@ -55,7 +55,7 @@ func aclRefusal(msg string, s *luaScript, keys []string) string {
 		return commandRule(quotedCommand.FindStringSubmatch(msg)[1], in)
 	case strings.Contains(msg, "channel"):
 		for _, k := range append([]string{arg}, keys...) {
-			if strings.HasPrefix(k, Channel("")) {
+			if strings.HasPrefix(k, "withlock:released:") {
 				return channelRule(k)
 			}
 		}
@@ -88,14 +88,14 @@ func scriptKey(expr string, keys []string) string {
 
 func keyRule(key, in string) string {
 	rule := "~withlock-*"
-	if strings.HasPrefix(key, Key("")) {
+	if strings.HasPrefix(key, "withlock:") {
 		rule = "~withlock:*"
 	}
 	return fmt.Sprintf("the user may not access the key %s%s; allow it with the ACL rule %s", key, in, rule)
 }
 
 func channelRule(channel string) string {
-	return fmt.Sprintf("the user may not use the channel %s; allow it with the ACL rule &%s", channel, Channel("*"))
+	return fmt.Sprintf("the user may not use the channel %s; allow it with the ACL rule &withlock:released:*", channel)
 }
 
 func commandRule(cmd, in string) string {

@@ -5,35 +5,52 @@ import (
 	"fmt"
 	"strings"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/withlock/withlock/internal/lock"
 )
 
 // Check removes what the probe lock leaves (its fencing counter outlives
 // every lease of a name; the probe's name is its alone), then reports what
-// weakens a lock on this server beyond what taking one refuses (a replica,
-// a cluster; withlock check): eviction, and whether a restart or a
-// failover can forget a lock. It reads INFO, which every client may, and
-// CONFIG only for the snapshot schedule, which managed servers hide.
+// weakens a lock on this server, or on each master of a cluster, beyond
+// what taking one refuses (a replica; withlock check): eviction, and
+// whether a restart or a failover can forget a lock. It reads INFO, which
+// every client may, and CONFIG only for the snapshot schedule, which
+// managed servers hide.
 func (b *backend) Check(ctx context.Context, probe string) ([]lock.Finding, error) {
+	if err := b.connect(ctx); err != nil {
+		return nil, err
+	}
 	if err := b.client.Del(ctx, Key(probe), FenceKey(probe), WriterKey(probe)).Err(); err != nil {
 		return nil, b.classify(err)
 	}
-	memory, err := b.client.Info(ctx, "memory").Result()
+	var findings []lock.Finding
+	err := b.forEachMaster(ctx, func(node *goredis.Client) error {
+		addr := b.addr // a single server's, or the Sentinels'
+		if b.cluster != nil {
+			addr = node.Options().Addr
+		}
+		memory, err := node.Info(ctx, "memory").Result()
+		if err != nil {
+			return b.classify(err)
+		}
+		persistence, err := node.Info(ctx, "persistence").Result()
+		if err != nil {
+			return b.classify(err)
+		}
+		save := "unknown"
+		if kv, err := node.ConfigGet(ctx, "save").Result(); err == nil {
+			save = kv["save"]
+		}
+		findings = append(findings,
+			evictionFinding(addr, infoField(memory, "maxmemory"), infoField(memory, "maxmemory_policy")),
+			durabilityFinding(addr, infoField(persistence, "aof_enabled") == "1", save, b.waitReplicas))
+		return nil
+	})
 	if err != nil {
-		return nil, b.classify(err)
+		return nil, err
 	}
-	persistence, err := b.client.Info(ctx, "persistence").Result()
-	if err != nil {
-		return nil, b.classify(err)
-	}
-	save := "unknown"
-	if kv, err := b.client.ConfigGet(ctx, "save").Result(); err == nil {
-		save = kv["save"]
-	}
-	return []lock.Finding{
-		evictionFinding(b.addr, infoField(memory, "maxmemory"), infoField(memory, "maxmemory_policy")),
-		durabilityFinding(b.addr, infoField(persistence, "aof_enabled") == "1", save, b.waitReplicas),
-	}, nil
+	return findings, nil
 }
 
 // infoField is field's value in an INFO reply, "" when it has none.

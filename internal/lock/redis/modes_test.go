@@ -270,8 +270,8 @@ func TestBreakPublishesKeepsFence(t *testing.T) {
 	}
 }
 
-// A withlock:NAME string is the lease of a withlock from before shared
-// locks (an exclusive holder's token): it excludes every mode until it
+// A withlock:{NAME} string with an expiry, as an exclusive holder's token
+// was once kept, counts as a lease: it excludes every mode until it
 // expires, status shows it, and release --force deletes it. A string
 // without expiry is no lease: it counts as held, and release leaves it.
 func TestStringKey(t *testing.T) {

@@ -1,5 +1,7 @@
-// Package redis is the redis:// and rediss:// backend. The lock of NAME is
-// one hash, withlock:NAME, holding every holder's random token with the end
+// Package redis is the redis://, rediss:// and redis+sentinel:// backend, on
+// one server, a Redis Cluster (cluster.go) or a primary found through
+// Sentinel (sentinel.go). The lock of NAME is
+// one hash, withlock:{NAME}, holding every holder's random token with the end
 // of its lease (by the server's clock), its fencing token and its record
 // (host, pid, command, when it acquired), and the lock's mode and a
 // semaphore's N (scripts.go has the layout). Every write is a script that
@@ -7,12 +9,12 @@
 // or release its own lease, and each holder's lease ends on its own.
 //
 // The script that takes a place among the holders also sets the fencing
-// token kept in withlock-fence:NAME: the server's clock in microseconds, or
+// token kept in withlock-fence:{NAME}: the server's clock in microseconds, or
 // one more than the last token if that is larger. Tokens therefore keep
 // growing when the server loses its data, as long as its clock does not go
-// back, in every mode. A release publishes on withlock:released:NAME, which
+// back, in every mode. A release publishes on withlock:released:{NAME}, which
 // waiters subscribe to. An exclusive waiter kept out by shared or semaphore
-// holders sets withlock-writer:NAME for a few seconds at each attempt; new
+// holders sets withlock-writer:{NAME} for a few seconds at each attempt; new
 // shared and semaphore holders wait while it is there, so that a stream of
 // them cannot starve the exclusive waiter.
 //
@@ -23,8 +25,8 @@
 // withlock-fresh, holding the server's run_id, says that this start of the
 // server forgot nothing (a new server), and lifts that wait.
 //
-// The keys of one name are not in one hash slot, so Redis Cluster is not
-// supported; use a single server or a Sentinel-managed primary.
+// The keys and the channel of one name share the hash tag {NAME} (see Key),
+// so that in a Redis Cluster each name is held on one master (cluster.go).
 package redis
 
 import (
@@ -38,6 +40,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -48,6 +51,7 @@ import (
 func init() {
 	lock.Register("redis", open)
 	lock.Register("rediss", open)
+	lock.Register("redis+sentinel", open)
 	// go-redis logs dial failures on stderr by itself; withlock's stderr
 	// is its own, and those errors reach us as return values anyway.
 	goredis.SetLogger(quiet{})
@@ -65,15 +69,42 @@ const maxDial = 5 * time.Second
 // holds the server's current run_id (INFO server), the server is known to
 // have forgotten no lease, for example because it is new. A restart changes
 // the run_id, so the key never carries over to the next start.
+// A cluster has one per slot instead (FreshKeyFor).
 const FreshKey = "withlock-fresh"
 
 // Key names. Exported for tests and for anyone who inspects a server.
 // withlock:* holds only the names' lock hashes (List scans it); the fence
 // and the writer mark are outside it.
-func Key(name string) string       { return "withlock:" + name }
-func FenceKey(name string) string  { return "withlock-fence:" + name }
-func WriterKey(name string) string { return "withlock-writer:" + name }
-func Channel(name string) string   { return "withlock:released:" + name }
+//
+// Every key and the channel of one NAME carry the hash tag {NAME}, so that
+// they fall in one hash slot of a Redis Cluster, where a script may touch
+// the keys of one slot only, and NAMEs spread over the cluster's masters.
+// Redis hashes the first {...} of a key, so the NAME inside it is escaped
+// (see tag) to hold no brace: a NAME with braces hashes as a whole.
+func Key(name string) string       { return "withlock:{" + tag(name) + "}" }
+func FenceKey(name string) string  { return "withlock-fence:{" + tag(name) + "}" }
+func WriterKey(name string) string { return "withlock-writer:{" + tag(name) + "}" }
+func Channel(name string) string   { return "withlock:released:{" + tag(name) + "}" }
+
+// keyPattern is the SCAN pattern of every lock hash: Key with any NAME.
+const keyPattern = "withlock:{*}"
+
+// tagEscaper writes a NAME inside a hash tag: %, { and } as in a URL, and
+// nothing else, so that most NAMEs read as they are.
+var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+func tag(name string) string { return tagEscaper.Replace(name) }
+
+// nameOf is the NAME of a lock hash's key, Key's inverse; ok is false for a
+// key that Key does not make.
+func nameOf(key string) (name string, ok bool) {
+	t, ok := strings.CutPrefix(key, "withlock:{")
+	if t, ok = strings.CutSuffix(t, "}"); !ok || strings.ContainsAny(t, "{}") {
+		return "", false
+	}
+	name, err := url.PathUnescape(t)
+	return name, err == nil && tag(name) == t
+}
 
 // markTTL is how long an exclusive waiter's mark keeps new shared and
 // semaphore holders out. The waiter renews it at every attempt, and
@@ -83,9 +114,20 @@ func Channel(name string) string   { return "withlock:released:" + name }
 const markTTL = 3 * time.Second
 
 type backend struct {
-	client *goredis.Client
-	addr   string
-	opts   lock.Options
+	// client is the single server's, or the cluster's (cluster) once
+	// known; detect says that client is a single node's URL's, and that
+	// whether the node is in a cluster is not known yet (see connect).
+	client     goredis.UniversalClient
+	cluster    *goredis.ClusterClient
+	detect     bool
+	connecting sync.Mutex       // held by connect
+	single     *goredis.Options // the single node's options, for connect
+	// sentinel says that client is a failover client, which finds the
+	// primary through Sentinel.
+	sentinel bool
+	master   string // the primary's name, with sentinel
+	addr     string
+	opts     lock.Options
 	// record is this holder's host, pid and command, as JSON, stored
 	// with its lease for withlock status.
 	record string
@@ -130,11 +172,33 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	for _, k := range []string{"wait_replicas", "cacert", "cert", "key"} {
 		q.Del(k)
 	}
+	var sentinel *goredis.FailoverOptions
+	if u.Scheme == "redis+sentinel" {
+		if sentinel, err = sentinelOptions(u, q); err != nil {
+			return nil, err
+		}
+		q = url.Values{}
+	}
 	c := *u
+	if sentinel != nil {
+		// The options below are parsed from a single server's URL; the
+		// Sentinels' addresses and the primary's name are in sentinel.
+		c.Scheme, c.Host, c.Path = "redis", "localhost", ""
+	}
 	c.RawQuery = q.Encode()
+	clustered := q.Has("addr") // go-redis's form of a cluster's URL
+	if clustered {
+		// go-redis's single-server parser knows no addr; the cluster
+		// parser takes the rest, and the options below, from the same URL.
+		q.Del("addr")
+		c.RawQuery = q.Encode()
+	}
 	ropts, err := goredis.ParseURL(c.String())
 	if err != nil {
 		return nil, lock.Errorf(lock.ErrUsage, "redis URL: %v", err)
+	}
+	if clustered && ropts.DB != 0 {
+		return nil, lock.Errorf(lock.ErrUsage, "redis URL: a Redis Cluster has only database 0; drop /%d from the URL", ropts.DB)
 	}
 	if files != nil && ropts.TLSConfig != nil {
 		ropts.TLSConfig.RootCAs, ropts.TLSConfig.Certificates = files.RootCAs, files.Certificates
@@ -157,14 +221,33 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	if err != nil {
 		return nil, lock.Errorf(lock.ErrUsage, "redis: the holder's record: %v", err)
 	}
-	return &backend{
-		client:       goredis.NewClient(ropts),
+	b := &backend{
 		addr:         ropts.Addr,
 		opts:         opts,
 		record:       string(rec),
 		waitReplicas: waitReplicas,
 		id:           lock.NewToken(),
-	}, nil
+	}
+	if sentinel != nil {
+		b.sentinel = true
+		// Messages name the Sentinels, which an outage is first of all;
+		// go-redis's errors name the primary when it is the one missing.
+		b.addr, b.master = u.Host, sentinel.MasterName
+		b.client = goredis.NewFailoverClient(failoverOptions(sentinel, ropts))
+		return b, nil
+	}
+	if !clustered {
+		b.client, b.single, b.detect = goredis.NewClient(ropts), ropts, true
+		return b, nil
+	}
+	copts, err := goredis.ParseClusterURL(u.String())
+	if err != nil {
+		return nil, lock.Errorf(lock.ErrUsage, "redis URL: %v", err)
+	}
+	o := clusterOptions(ropts)
+	o.Addrs = copts.Addrs
+	b.useCluster(o)
+	return b, nil
 }
 
 // closeTimeout bounds Close's clearing of a writer mark left by a wait that
@@ -175,9 +258,11 @@ const closeTimeout = time.Second
 // Close clears the writer mark this client left, if any, and drops the
 // connection.
 func (b *backend) Close() error {
+	b.connecting.Lock()
+	defer b.connecting.Unlock()
 	if b.marked != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		unmarkScript.get().Run(ctx, b.client, []string{WriterKey(b.marked), Channel(b.marked)}, b.id)
+		unmarkScript.get().Run(ctx, b.client, []string{WriterKey(b.marked), Channel(b.marked)}, b.id, b.publish())
 		cancel()
 		b.marked = ""
 	}
@@ -188,6 +273,9 @@ func (b *backend) Close() error {
 // only place for an exclusive lock, one of any number for a shared one, one
 // of N for a semaphore.
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
+	if err := b.connect(ctx); err != nil {
+		return nil, err
+	}
 	token := lock.NewToken()
 	// Only a waiter marks: a --no-wait attempt gives up at once, and its
 	// mark would only keep shared holders out for nothing.
@@ -195,14 +283,14 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	if !b.opts.NoWait {
 		mark = markTTL.Milliseconds()
 	}
-	keys := []string{Key(name), FenceKey(name), FreshKey, WriterKey(name)}
+	keys := []string{Key(name), FenceKey(name), b.freshKey(name), WriterKey(name)}
 	cmd, acks, err := b.run(ctx, acquireScript, keys,
 		token, b.opts.TTL.Milliseconds(), string(b.opts.Mode), b.opts.MaxHolders, b.record, b.id, mark)
 	if err != nil {
 		if cmd.Err() == nil {
 			// The lease may be ours but WAIT did not answer: give it back
 			// if the connection still lets us.
-			releaseScript.get().Run(ctx, b.client, []string{Key(name), Channel(name)}, token)
+			releaseScript.get().Run(ctx, b.client, []string{Key(name), Channel(name)}, token, b.publish())
 		}
 		return nil, b.classifyIn(err, acquireScript, keys...)
 	}
@@ -259,9 +347,19 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 		return nil, b.tooYoung(name, time.Duration(up)*time.Second, time.Duration(wait)*time.Millisecond)
 	case replyReplica:
 		role, _ := reply[1].(string)
+		if b.sentinel {
+			return nil, b.demoted("role:" + role)
+		}
 		return nil, lock.Unsafe(fmt.Sprintf("redis at %s is a replica (role:%s), where a lock excludes nobody", b.addr, role), "point withlock at the primary")
 	}
 	return nil, lock.Errorf(lock.ErrRefused, "redis at %s: unexpected reply %v to the acquire script", b.addr, reply)
+}
+
+// demoted is the error of an attempt that found a replica where Sentinel
+// had named the primary: an outage until the client learns of the new
+// primary, which the wait loop retries.
+func (b *backend) demoted(why string) error {
+	return lock.Errorf(lock.ErrUnavailable, "redis %s, as the Sentinels at %s named it, is a replica now (%s): a failover is under way", b.master, b.addr, why)
 }
 
 // tooYoung is the error of an attempt on a server that started less than
@@ -301,9 +399,17 @@ func (b *backend) run(ctx context.Context, ls *luaScript, keys []string, args ..
 		cmd = s.Run(ctx, b.client, keys, args...)
 		return cmd, -1, cmd.Err()
 	}
+	// WAIT counts the replicas of the connection's server that have its
+	// writes: the script's, on the server of its keys.
+	node, err := b.node(ctx, keys[0])
+	if err != nil {
+		cmd = goredis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd, 0, err
+	}
 	for _, eval := range []bool{false, true} {
 		var wait *goredis.Cmd
-		b.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		node.Pipelined(ctx, func(p goredis.Pipeliner) error {
 			if eval {
 				cmd = s.Eval(ctx, p, keys, args...)
 			} else {
@@ -340,9 +446,18 @@ func (b *backend) waitTimeout(ctx context.Context) time.Duration {
 	return max(d, 10*time.Millisecond)
 }
 
-// Notify subscribes to the name's release channel.
+// Notify subscribes to the name's release channel: in a cluster, as a
+// sharded channel, on the master of the name's slot.
 func (b *backend) Notify(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	sub := b.client.Subscribe(ctx, Channel(name))
+	if err := b.connect(ctx); err != nil {
+		return nil, nil, err
+	}
+	var sub *goredis.PubSub
+	if b.cluster != nil {
+		sub = b.cluster.SSubscribe(ctx, Channel(name))
+	} else {
+		sub = b.client.Subscribe(ctx, Channel(name))
+	}
 	if _, err := sub.Receive(ctx); err != nil {
 		sub.Close()
 		return nil, nil, b.classifyIn(err, nil, Channel(name))
@@ -394,12 +509,10 @@ func (b *backend) classifyIn(err error, s *luaScript, keys ...string) error {
 			return lock.Errorf(lock.ErrRefused, "redis at %s: %s (%s)", b.addr, what, strings.TrimSuffix(msg, "."))
 		}
 		switch {
+		case strings.HasPrefix(msg, "READONLY") && b.sentinel:
+			return b.demoted(msg)
 		case strings.HasPrefix(msg, "READONLY"):
 			return lock.Unsafe(fmt.Sprintf("redis at %s is a replica (%s), where a lock excludes nobody", b.addr, msg), "point withlock at the primary")
-		case hasAnyPrefix(msg, []string{"CROSSSLOT", "MOVED", "ASK"}):
-			// One NAME's keys fall in different hash slots.
-			return lock.Unsafe(fmt.Sprintf("redis at %s is a node of a Redis Cluster (%s), where withlock cannot keep one lock's keys together", b.addr, msg),
-				"point withlock at a Redis server outside a cluster, or at a Sentinel-managed primary")
 		case hasAnyPrefix(msg, transient):
 			return lock.Errorf(lock.ErrUnavailable, "redis at %s is not ready (%s)", b.addr, msg)
 		}
@@ -472,7 +585,7 @@ func (l *lease) Keep(ctx context.Context) error {
 // Release deletes this holder's place. It frees the lock even when the user
 // may not publish the release to the waiters: they poll.
 func (l *lease) Release(ctx context.Context) error {
-	reply, err := releaseScript.get().Run(ctx, l.b.client, []string{Key(l.name), Channel(l.name)}, l.token).Result()
+	reply, err := releaseScript.get().Run(ctx, l.b.client, []string{Key(l.name), Channel(l.name)}, l.token, l.b.publish()).Result()
 	if err != nil {
 		return l.b.classifyIn(err, releaseScript, Key(l.name), Channel(l.name))
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -517,5 +518,39 @@ func TestFullServer(t *testing.T) {
 	}
 	if n := do(t, r.URL, append([]string{"EXISTS"}, keys...)...); n != "0" {
 		t.Errorf("%s of the locks %q left after every holder's release", n, keys)
+	}
+}
+
+// TestKeyNames: a NAME with braces or percent signs is held, listed and
+// broken under its own name, apart from the NAME its braces enclose.
+func TestKeyNames(t *testing.T) {
+	r := testenv.RequireRedis(t)
+	ctx := locktest.Context(t)
+	c := locktest.Open(t, r.URL, lock.Options{})
+	names := []string{"a{b}c", "b", "{x}", "x", "%7Bx%7D", "}{", "50%"}
+	for _, n := range names {
+		if _, err := c.TryAcquire(ctx, n); err != nil {
+			t.Fatalf("TryAcquire(%q): %v", n, err)
+		}
+	}
+	held, err := c.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, st := range held {
+		got = append(got, st.Name)
+	}
+	want := slices.Sorted(slices.Values(names))
+	if !slices.Equal(got, want) {
+		t.Errorf("List: %q; want %q", got, want)
+	}
+	if hs, err := c.Break(ctx, "{x}"); err != nil || len(hs) != 1 {
+		t.Fatalf("Break({x}): %v, %v", hs, err)
+	}
+	for _, n := range []string{"x", "%7Bx%7D"} {
+		if st, err := c.Inspect(ctx, n); err != nil || len(st.Holders) != 1 {
+			t.Errorf("Inspect(%q) after breaking {x}: %+v, %v; want still held", n, st, err)
+		}
 	}
 }

@@ -6,7 +6,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// The lock of NAME is one hash, withlock:NAME (Key), in every mode:
+// The lock of NAME is one hash, withlock:{NAME} (Key), in every mode:
 //
 //	mode     exclusive, shared or semaphore: how the holders hold it
 //	max      a semaphore's N
@@ -223,8 +223,9 @@ return 1`)
 	// release removes the holder ARGV[1] if it is still one, deletes the
 	// lock when it was the last, and tells the waiters (KEYS[2] is the
 	// release channel): a freed semaphore slot or shared place is news to
-	// them too. It returns 1, 2 when it could not tell the waiters (the
-	// error of PUBLISH follows), or 0 when ARGV[1] was no longer a holder.
+	// them too, by ARGV[2] (PUBLISH, or SPUBLISH in a cluster). It returns
+	// 1, 2 when it could not tell the waiters (the error of the publishing
+	// follows), or 0 when ARGV[1] was no longer a holder.
 	releaseScript = script("release", `
 if redis.replicate_commands then redis.replicate_commands() end`+luaCommon+`
 local lock = KEYS[1]
@@ -240,24 +241,26 @@ if n == 1 then
 else
   redis.call('HDEL', lock, ARGV[1])
 end
-local told = redis.pcall('PUBLISH', KEYS[2], '')
+local told = redis.pcall(ARGV[2], KEYS[2], '')
 if type(told) == 'table' and told.err then
   return {2, told.err}
 end
 return 1`)
 
 	// unmark deletes the writer mark KEYS[1] if this client (ARGV[1]) set
-	// it, and tells the waiters that shared holders may come in again.
+	// it, and tells the waiters that shared holders may come in again
+	// (ARGV[2]: PUBLISH, or SPUBLISH in a cluster).
 	unmarkScript = script("unmark", `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.pcall('PUBLISH', KEYS[2], '')
+  redis.pcall(ARGV[2], KEYS[2], '')
   return 1
 end
 return 0`)
 
 	// break deletes the lock KEYS[1], whoever holds it, and tells the
-	// waiters (KEYS[2]). The fence counter stays, so tokens go on growing.
+	// waiters (KEYS[2], by ARGV[1]: PUBLISH, or SPUBLISH in a cluster). The
+	// fence counter stays, so tokens go on growing.
 	// It returns {0} if there was no lock, {1, now in ms, type, fields}
 	// when it deleted one, and {2, type} for a key that is not a lease (a
 	// hash of this withlock, or a string with an expiry from an older one),
@@ -278,6 +281,6 @@ if k == 'hash' then
 end
 local now = clock()
 redis.call('DEL', lock)
-redis.pcall('PUBLISH', KEYS[2], '')
+redis.pcall(ARGV[1], KEYS[2], '')
 return {1, now, k, fields}`)
 )

@@ -22,53 +22,82 @@ const scanCount = 1000
 // server's clock. It only reads, so it works with a user that may not
 // write, and on a replica.
 func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) {
-	states, err := b.inspect(ctx, []string{Key(name)})
+	if err := b.connect(ctx); err != nil {
+		return lock.State{}, err
+	}
+	node, err := b.node(ctx, Key(name))
+	if err != nil {
+		return lock.State{}, b.classify(err)
+	}
+	states, err := b.inspect(ctx, node, []string{Key(name)})
 	if err != nil {
 		return lock.State{}, err
 	}
 	return states[0], nil
 }
 
-// List returns every lock held right now: SCAN over withlock:* (never
-// KEYS, which would stop the server while it walks every key), each page
-// read in one transaction.
+// List returns every lock held right now: SCAN over withlock:{*} (never
+// KEYS, which would stop the server while it walks every key) on the
+// server, or on every master of a cluster, each page read in one
+// transaction (in a cluster, one per key: a transaction stays in a slot).
 func (b *backend) List(ctx context.Context) ([]lock.State, error) {
+	if err := b.connect(ctx); err != nil {
+		return nil, err
+	}
 	var held []lock.State
-	seen := map[string]bool{} // SCAN may return a key more than once
-	var cursor uint64
-	for {
-		keys, next, err := b.client.Scan(ctx, cursor, Key("*"), scanCount).Result()
-		if err != nil {
-			return nil, b.classify(err)
-		}
-		keys = slices.DeleteFunc(keys, func(k string) bool { return seen[k] })
-		if len(keys) > 0 {
-			states, err := b.inspect(ctx, keys)
+	err := b.forEachMaster(ctx, func(node *goredis.Client) error {
+		seen := map[string]bool{} // SCAN may return a key more than once
+		var cursor uint64
+		for {
+			keys, next, err := node.Scan(ctx, cursor, keyPattern, scanCount).Result()
 			if err != nil {
-				return nil, err
+				return b.classify(err)
 			}
-			for i, st := range states {
-				seen[keys[i]] = true
-				if len(st.Holders) > 0 {
-					held = append(held, st)
+			keys = slices.DeleteFunc(keys, func(k string) bool {
+				_, ours := nameOf(k)
+				return seen[k] || !ours
+			})
+			batches := [][]string{keys}
+			if b.cluster != nil {
+				batches = batches[:0]
+				for _, k := range keys {
+					batches = append(batches, []string{k})
 				}
 			}
+			for _, batch := range batches {
+				if len(batch) == 0 {
+					continue
+				}
+				states, err := b.inspect(ctx, node, batch)
+				if err != nil {
+					return err
+				}
+				for i, st := range states {
+					seen[batch[i]] = true
+					if len(st.Holders) > 0 {
+						held = append(held, st)
+					}
+				}
+			}
+			if next == 0 {
+				return nil
+			}
+			cursor = next
 		}
-		if next == 0 {
-			break
-		}
-		cursor = next
+	})
+	if err != nil {
+		return nil, err
 	}
 	slices.SortFunc(held, func(x, y lock.State) int { return strings.Compare(x.Name, y.Name) })
 	return held, nil
 }
 
-// inspect reads the locks at keys (withlock:NAME each) in one
-// transaction, with the server's time to judge their holders' leases by.
+// inspect reads the locks at keys (withlock:{NAME} each) in one
+// transaction on node, with the server's time to judge their holders' leases by.
 // It runs no script and writes nothing, so status needs only the right to
 // read the withlock:* keys (EVAL needs write access to its keys) and works
 // on a replica; expired holders are left out here, not deleted.
-func (b *backend) inspect(ctx context.Context, keys []string) ([]lock.State, error) {
+func (b *backend) inspect(ctx context.Context, node *goredis.Client, keys []string) ([]lock.State, error) {
 	var (
 		now    *goredis.TimeCmd
 		kinds  = make([]*goredis.StatusCmd, len(keys))
@@ -77,7 +106,7 @@ func (b *backend) inspect(ctx context.Context, keys []string) ([]lock.State, err
 	)
 	// The error of the transaction is its first command's that failed:
 	// HGETALL of a key that is no hash, which state does without.
-	b.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+	node.TxPipelined(ctx, func(p goredis.Pipeliner) error {
 		now = p.Time(ctx)
 		for i, k := range keys {
 			kinds[i] = p.Type(ctx, k)
@@ -114,7 +143,8 @@ func (b *backend) inspect(ctx context.Context, keys []string) ([]lock.State, err
 // holders of a lock hash whose leases have not ended, or, for a key of
 // another type, one holder of which nothing is known.
 func (b *backend) state(key string, now int64, kind string, pttl int64, fields map[string]string) lock.State {
-	st := lock.State{Name: strings.TrimPrefix(key, Key("")), Key: key}
+	name, _ := nameOf(key)
+	st := lock.State{Name: name, Key: key}
 	switch kind {
 	case "none":
 		return st
@@ -187,10 +217,13 @@ func parseHolder(v string) (lock.Holder, bool) {
 // Break deletes name's lock whatever its holders, and publishes the
 // release so that waiters try at once. The fence counter stays: the next
 // holder's token still grows. The holders find their lease gone at their
-// next renewal (within ttl/3) and stop. A key at withlock:NAME that is no
+// next renewal (within ttl/3) and stop. A key at withlock:{NAME} that is no
 // lease (no expiry, or not a string or hash) is left alone: ErrHeld.
 func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error) {
-	reply, err := breakScript.get().Run(ctx, b.client, []string{Key(name), Channel(name)}).Slice()
+	if err := b.connect(ctx); err != nil {
+		return nil, err
+	}
+	reply, err := breakScript.get().Run(ctx, b.client, []string{Key(name), Channel(name)}, b.publish()).Slice()
 	if err != nil {
 		return nil, b.classifyIn(err, breakScript, Key(name), Channel(name))
 	}
