@@ -81,8 +81,9 @@ There is no default. A password in the URL never appears in any output.
   the server's clock, on one server or a Redis Cluster (one node's URL, or
   ?addr=host2:port2&addr=... for more). Parameters: wait_replicas=N; with
   rediss://, cacert, cert, key. A replica is refused (69).
-  redis+sentinel://user:pass@host:26379[,host:port...]/MASTER[?db=N]: the
-  primary that these Sentinels name.
+- redis+sentinel://user:pass@host:26379/MASTER: the primary that these
+  Sentinels name (more Sentinels: host:port,host:port; a database:
+  ?db=N).
 - mongodb://host/db, mongodb+srv://...: lease documents, written by insert
   only, in the collection locks of the URL's database (default withlock).
   The driver's parameters (tls, tlsCAFile, w...).
