@@ -432,7 +432,10 @@ func commandEnv(name string, held *lock.Held) []string {
 }
 
 func releaseOrWarn(ctx context.Context, held *lock.Held, log *slog.Logger) {
-	if err := held.Release(ctx); err != nil {
+	switch err := held.Release(ctx); {
+	case errors.Is(err, lock.ErrNotOurs):
+		log.Warn(fmt.Sprintf("%v; it was broken (withlock release --force) or ran out and was taken before this release", err))
+	case err != nil:
 		log.Warn(fmt.Sprintf("%v; the lock ends with its session or lease", err))
 	}
 }

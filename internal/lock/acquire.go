@@ -10,17 +10,13 @@ import (
 
 // pollInterval is how often Acquire retries a held lock on a backend that
 // can neither wait on the server's side nor notify, for the first fastFor
-// of a wait (a lock held briefly changes hands at once: a MongoDB
-// hand-off should take under 100ms at p90, and a poll of a held lock is one
-// operation, so the first second costs a waiter about 27 of them); then every
-// waitPoll, so that a long wait costs the server little while a waiter
-// still takes a released lock within a second (docs/behaviour.md,
-// Acquiring): a pause is at most
-// waitPoll, and an attempt takes a few round trips. slowPoll is the safety
-// net of a backend that notifies, for notifications that get lost. Pauses
-// are jittered (from half the interval up; waitPoll's from three quarters,
-// so that a waiter polls less than twice a second on average: MongoDB's
-// poll is one operation, and a waiter should cost about two a second).
+// of a wait, since a lock held briefly changes hands at once; then about
+// every waitPoll, so that a long wait costs the server little (under two
+// attempts a second) while a waiter still takes a released lock within a
+// second (docs/behaviour.md, Acquiring). slowPoll is the safety net of a
+// backend that notifies, for notifications that get lost. Pauses are
+// jittered: pollInterval's from half the interval up, waitPoll's from
+// three quarters.
 const (
 	pollInterval = 50 * time.Millisecond
 	fastFor      = time.Second
@@ -58,11 +54,18 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 		sent := time.Now()
 		var lease Lease
 		var err error
+		// A single attempt's lease began no earlier than the attempt was
+		// sent: the safe start of its life. A server-side wait can last
+		// minutes; the Waiter says when its lease counts from (the grant's
+		// arrival, or the lease's last renewal during the wait). Counting
+		// from the start of the wait would give up a long waiter's lock the
+		// moment it got it.
+		confirmed := sent
 		// A Waiter first tries once too, so that a free lock is taken in one
 		// round trip and a held one is said to be (-v shows the wait).
 		waited := canWait && !opts.NoWait && saidWaiting
 		if waited {
-			lease, err = waiter.Acquire(ctx, name)
+			lease, confirmed, err = waiter.Acquire(ctx, name)
 		} else {
 			lease, err = b.TryAcquire(ctx, name)
 		}
@@ -79,20 +82,6 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 		}
 		if err == nil {
 			log.Debug("acquired", "took", since(start))
-			// A single attempt's lease began no earlier than the attempt
-			// was sent: the safe start of its life. A server-side wait can
-			// last minutes; its lock was granted at some moment in it, and
-			// the session is known alive when the answer arrives. Counting
-			// from the start of the wait would give up a long waiter's lock
-			// the moment it got it. A lease that the waiter renewed while it
-			// waited runs from its last renewal (Renewed).
-			confirmed := sent
-			if waited {
-				confirmed = time.Now()
-				if r, ok := lease.(Renewed); ok {
-					confirmed = r.RenewedAt()
-				}
-			}
 			return newHeld(name, lease, confirmed, opts), nil
 		}
 		if ctx.Err() != nil {
@@ -155,8 +144,8 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 			if waited {
 				// A server-side wait that ran out has spent the pause
 				// already: waiting in the server is the poll. Ask again at
-				// once (MySQL re-issues GET_LOCK), so that the waiter is
-				// never away from the server's queue.
+				// once, so that the waiter is never away from the server's
+				// queue.
 				pause = max(pause-time.Since(sent), 0)
 			}
 		case errors.Is(err, ErrUnavailable):

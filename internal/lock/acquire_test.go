@@ -42,7 +42,11 @@ func (s *script) TryAcquire(context.Context, string) (lock.Lease, error) {
 	return s.lease, nil
 }
 
-func (s *script) Close() error { return nil }
+func (s *script) Inspect(context.Context, string) (lock.State, error)      { return lock.State{}, nil }
+func (s *script) List(context.Context) ([]lock.State, error)               { return nil, nil }
+func (s *script) Break(context.Context, string) ([]lock.Holder, error)     { return nil, nil }
+func (s *script) Findings(context.Context, string) ([]lock.Finding, error) { return nil, nil }
+func (s *script) Close() error                                             { return nil }
 
 func always(err error) func(int) error { return func(int) error { return err } }
 
@@ -53,9 +57,9 @@ type waiter struct {
 	waits atomic.Int32
 }
 
-func (w *waiter) Acquire(context.Context, string) (lock.Lease, error) {
+func (w *waiter) Acquire(context.Context, string) (lock.Lease, time.Time, error) {
 	w.waits.Add(1)
-	return &fakeLease{}, nil
+	return &fakeLease{}, time.Now(), nil
 }
 
 // fakeLease is a Lease whose n-th Keep (from 0) returns keep(n), nil if
@@ -351,19 +355,19 @@ type expiringWaiter struct {
 	began, end []time.Time
 }
 
-func (w *expiringWaiter) Acquire(context.Context, string) (lock.Lease, error) {
+func (w *expiringWaiter) Acquire(context.Context, string) (lock.Lease, time.Time, error) {
 	w.mu.Lock()
 	n := len(w.began)
 	w.began = append(w.began, time.Now())
 	w.mu.Unlock()
 	if n == w.grantAt {
-		return &fakeLease{}, nil
+		return &fakeLease{}, time.Now(), nil
 	}
 	time.Sleep(w.wait) // the server's wait
 	w.mu.Lock()
 	w.end = append(w.end, time.Now())
 	w.mu.Unlock()
-	return nil, errHeld
+	return nil, time.Time{}, errHeld
 }
 
 // TestAcquireWaiterAsksAgainAtOnce: a server-side wait that ran out is

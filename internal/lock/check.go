@@ -48,17 +48,6 @@ type Finding struct {
 	Fix    string // what to do about it, one sentence; empty when nothing is to be done
 }
 
-// Checker is a Backend that can check, beyond what acquisition refuses,
-// the conditions that weaken a lock on it (withlock check): a server
-// setting, a cluster's health, a file system. Check reports what it can
-// read; a fact it cannot read is a Warn that says why, never a guess.
-// Check runs after the probe lock probe was taken and released, on the
-// same connection; a backend whose probe leaves something behind (a lock
-// file) removes it. An error means the backend could not be asked at all.
-type Checker interface {
-	Check(ctx context.Context, probe string) ([]Finding, error)
-}
-
 // ProbePrefix begins the name of the probe lock that Client.Check takes.
 const ProbePrefix = "withlock-check-"
 
@@ -67,7 +56,7 @@ const ProbePrefix = "withlock-check-"
 // releases a probe lock on a name of its own (ProbePrefix and a random
 // suffix), through the same code that acquisition uses, so that every
 // refusal acquisition makes (ErrUnsafe) is a failed check here; then it
-// adds the backend's own checks (Checker).
+// adds the backend's own checks (Backend.Findings).
 //
 // It returns an error, and no findings, when the backend cannot be
 // reached or refuses us for any other reason than ErrUnsafe
@@ -97,14 +86,11 @@ func (c *Client) Check(ctx context.Context) ([]Finding, error) {
 	}
 	findings := []Finding{{Name: "probe lock", Status: Ok,
 		Detail: fmt.Sprintf("took and released %s (take %s, connecting included; release %s)", name, round(took), round(released))}}
-	if ch, ok := c.Backend.(Checker); ok {
-		more, err := ch.Check(ctx, name)
-		if err != nil {
-			return nil, err
-		}
-		findings = append(findings, more...)
+	more, err := c.Backend.Findings(ctx, name)
+	if err != nil {
+		return nil, err
 	}
-	return findings, nil
+	return append(findings, more...), nil
 }
 
 // round rounds a short duration for people: 3.2ms, 840µs.

@@ -1,8 +1,10 @@
 package lock
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 )
 
 // Client is a Backend opened with one Options value: Acquire's wait loop,
@@ -23,45 +25,59 @@ func NewClient(b Backend, opts Options) *Client {
 // Options are the Client's options, with their defaults filled in.
 func (c *Client) Options() Options { return c.opts }
 
-// Inspect returns name's state (withlock status). The error wraps
-// ErrNotSupported if the backend cannot tell.
+// Inspect returns name's state (withlock status), its holders oldest first.
 func (c *Client) Inspect(ctx context.Context, name string) (State, error) {
 	if err := CheckName(name); err != nil {
 		return State{}, err
 	}
-	in, ok := c.Backend.(Inspector)
-	if !ok {
-		return State{}, Errorf(ErrNotSupported, "this backend cannot show who holds a lock yet")
-	}
-	st, err := in.Inspect(ctx, name)
+	st, err := c.Backend.Inspect(ctx, name)
 	if err != nil {
 		return State{}, fmt.Errorf("status %q: %w", name, err)
 	}
+	slices.SortStableFunc(st.Holders, oldestFirst)
 	return st, nil
 }
 
-// List returns every lock held right now (withlock status without NAME).
+// List returns every lock held right now (withlock status without NAME):
+// withlock's locks by name, then other tools' locks by key; the holders of
+// each oldest first.
 func (c *Client) List(ctx context.Context) ([]State, error) {
-	in, ok := c.Backend.(Inspector)
-	if !ok {
-		return nil, Errorf(ErrNotSupported, "this backend cannot list its locks yet")
+	states, err := c.Backend.List(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return in.List(ctx)
+	for _, st := range states {
+		slices.SortStableFunc(st.Holders, oldestFirst)
+	}
+	slices.SortStableFunc(states, func(a, b State) int {
+		return cmp.Or(cmp.Compare(b2i(a.Name == ""), b2i(b.Name == "")), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Key, b.Key))
+	})
+	return states, nil
 }
 
 // Break breaks name's lock, whoever holds it (withlock release --force),
-// and returns whom it broke.
+// and returns whom it broke, oldest first.
 func (c *Client) Break(ctx context.Context, name string) ([]Holder, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	br, ok := c.Backend.(Breaker)
-	if !ok {
-		return nil, Errorf(ErrNotSupported, "this backend cannot break a lock yet")
-	}
-	broken, err := br.Break(ctx, name)
+	broken, err := c.Backend.Break(ctx, name)
+	slices.SortStableFunc(broken, oldestFirst)
 	if err != nil {
 		return broken, fmt.Errorf("release %q: %w", name, err)
 	}
 	return broken, nil
+}
+
+// oldestFirst orders holders by when they took the lock (unknown last),
+// then by fencing token.
+func oldestFirst(a, b Holder) int {
+	return cmp.Or(cmp.Compare(b2i(a.AcquiredAt.IsZero()), b2i(b.AcquiredAt.IsZero())), a.AcquiredAt.Compare(b.AcquiredAt), cmp.Compare(a.Token, b.Token))
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -47,10 +47,17 @@ func Unreachable(what, reason string) error {
 	return e
 }
 
-// HeldFor returns an error matching ErrHeld that also says how long until
+// HeldError is an error matching ErrHeld that also says how long until
 // the lock may be taken: the time left of the holder's lease, or of any
 // other wait the backend knows the end of. Client.Acquire tries again no
-// later than then (see Remaining).
+// later than then. HeldFor makes the plain one; a backend's own error type
+// that says more implements it too (ErrUnsettled's reason, say).
+type HeldError interface {
+	error
+	Remaining() time.Duration
+}
+
+// HeldFor returns a HeldError of remaining.
 func HeldFor(remaining time.Duration) error { return heldError{remaining} }
 
 type heldError struct{ remaining time.Duration }
@@ -60,13 +67,11 @@ func (e heldError) Unwrap() error            { return ErrHeld }
 func (e heldError) Remaining() time.Duration { return e.remaining }
 
 // Remaining reports how long until the lock of an ErrHeld error may be
-// taken, where the backend said so: an error made by HeldFor, or any error
-// in err's chain with a method Remaining() time.Duration (a backend's own
-// error type that also says more, such as ErrUnsettled's reason).
+// taken, where a HeldError in err's chain says so.
 func Remaining(err error) (time.Duration, bool) {
-	var r interface{ Remaining() time.Duration }
-	if errors.As(err, &r) {
-		return r.Remaining(), true
+	var h HeldError
+	if errors.As(err, &h) {
+		return h.Remaining(), true
 	}
 	return 0, false
 }

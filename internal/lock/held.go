@@ -41,7 +41,7 @@ type Held struct {
 
 	// stopKeeping ends the keep loop's waits: no new Keep starts. It does
 	// not interrupt a Keep in flight, which may be using the very
-	// connection that Release needs (a PostgreSQL session closes when a
+	// connection that Release needs (a server may end the session when a
 	// statement is cut off); abortKeep does, as a last resort.
 	stopKeeping context.CancelFunc
 	abortKeep   context.CancelFunc
@@ -77,8 +77,8 @@ func (h *Held) AcquiredAt() time.Time { return h.acquiredAt }
 
 // Token returns the fencing token, if the backend has one.
 func (h *Held) Token() (int64, bool) {
-	if f, ok := h.lease.(Fenced); ok {
-		return f.Token(), true
+	if e, ok := h.lease.(Expiring); ok {
+		return e.Token(), true
 	}
 	return 0, false
 }
@@ -213,7 +213,7 @@ func (h *Held) Release(ctx context.Context) error {
 
 func (h *Held) release(ctx context.Context) error {
 	until := h.acquiredAt.Add(h.opts.HoldAtLeast)
-	lingerer, canLinger := h.lease.(Lingerer)
+	expiring, canLinger := h.lease.(Expiring)
 	if h.opts.HoldAtLeast > 0 && !canLinger && time.Now().Before(until) {
 		// A session lock is held by staying. The keep loop goes on
 		// meanwhile, so that a server that ends silent sessions does not
@@ -230,7 +230,7 @@ func (h *Held) release(ctx context.Context) error {
 	}
 
 	// Let a Keep in flight finish rather than cut it off: cutting a
-	// statement off can close the session (PostgreSQL) whose lock is about
+	// statement off can end the session (on some servers) whose lock is about
 	// to be given back. The Keep is bounded by its own deadline; the wait
 	// for it and the release share releaseTimeout.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
@@ -257,8 +257,11 @@ func (h *Held) release(ctx context.Context) error {
 	}
 
 	start := time.Now()
-	if h.opts.HoldAtLeast > 0 && canLinger && start.Before(until) {
-		if err := lingerer.ReleaseAt(rctx, until); err != nil {
+	// A lease that would linger less than a millisecond is released: no
+	// server keeps time that finely, and rounding it up would hold the
+	// lock longer than asked.
+	if h.opts.HoldAtLeast > 0 && canLinger && until.Sub(start) >= time.Millisecond {
+		if err := expiring.ReleaseAt(rctx, until); err != nil {
 			return fmt.Errorf("release %q: %w", h.name, err)
 		}
 		h.log.Debug("left to expire", "at", until, "took", since(start))

@@ -270,12 +270,14 @@ func TestHoldAtLeastCancelled(t *testing.T) {
 	}
 }
 
-// lingeringLease is a Lingerer that records ReleaseAt.
+// lingeringLease is an Expiring lease that records ReleaseAt.
 type lingeringLease struct {
 	*fakeLease
 	releaseAts atomic.Int32
 	until      chan time.Time
 }
+
+func (l *lingeringLease) Token() int64 { return 1 }
 
 func (l *lingeringLease) ReleaseAt(_ context.Context, until time.Time) error {
 	l.releaseAts.Add(1)
@@ -301,13 +303,14 @@ func TestHoldAtLeastLingers(t *testing.T) {
 	}
 }
 
-// fencedLease is a Fenced lease.
+// fencedLease is an Expiring lease with a token.
 type fencedLease struct {
 	*fakeLease
 	token int64
 }
 
-func (l fencedLease) Token() int64 { return l.token }
+func (l fencedLease) Token() int64                               { return l.token }
+func (l fencedLease) ReleaseAt(context.Context, time.Time) error { return nil }
 
 func TestToken(t *testing.T) {
 	h := hold(t, fencedLease{&fakeLease{}, 42}, lock.Options{})
@@ -327,12 +330,12 @@ type slowWaiter struct {
 	grant chan struct{}
 }
 
-func (w *slowWaiter) Acquire(ctx context.Context, _ string) (lock.Lease, error) {
+func (w *slowWaiter) Acquire(ctx context.Context, _ string) (lock.Lease, time.Time, error) {
 	select {
 	case <-w.grant:
-		return w.lease, nil
+		return w.lease, time.Now(), nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, time.Time{}, ctx.Err()
 	}
 }
 

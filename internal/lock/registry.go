@@ -43,13 +43,9 @@ func Schemes() []string {
 	return s
 }
 
-// planned are schemes that are reserved for a backend this build does not
-// have.
-var planned []string
-
 // Open returns a Client for rawURL and opts (zero values meaning the
 // defaults). It does not connect. Errors wrap ErrUsage (malformed URL,
-// unknown scheme, options the backend cannot honour) or ErrNotSupported.
+// unknown scheme, options the backend cannot honour).
 func Open(rawURL string, opts Options) (*Client, error) {
 	opts = opts.withDefaults()
 	if err := opts.check(); err != nil {
@@ -65,11 +61,6 @@ func Open(rawURL string, opts Options) (*Client, error) {
 	open := registry[scheme]
 	registryMu.Unlock()
 	if open == nil {
-		for _, p := range planned {
-			if p == scheme {
-				return nil, Errorf(ErrNotSupported, "the %s:// backend is not supported yet; %s", scheme, schemesHint())
-			}
-		}
 		return nil, Errorf(ErrUsage, "unknown scheme %q; %s", u.Scheme, schemesHint())
 	}
 	b, err := open(u, opts)

@@ -31,13 +31,13 @@ type memberStatus struct {
 // memberTimeout bounds each member's answer to withlock check.
 const memberTimeout = 2 * time.Second
 
-// Check reports the cluster's health (withlock check): every member that
+// Findings reports the cluster's health (withlock check): every member that
 // MemberList names is asked for its status on its own client URL; a member
 // that does not answer, or a cluster without a leader, weakens every lock
 // (one more failure and no lock can be taken, renewed or released). The
 // probe lock itself took a lease and put and read a key under the lock's
 // prefix, so the rights a lock needs are shown already.
-func (b *backend) Check(ctx context.Context, probe string) ([]lock.Finding, error) {
+func (b *backend) Findings(ctx context.Context, probe string) ([]lock.Finding, error) {
 	var list struct {
 		Members []member `json:"members"`
 	}

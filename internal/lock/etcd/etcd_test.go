@@ -98,7 +98,7 @@ func TestKeys(t *testing.T) {
 	if want := etcd.Key(name, kv.Lease); string(kv.Key) != want || want != fmt.Sprintf("%s/%x", name, kv.Lease) {
 		t.Errorf("key %q with lease %x; want %q", kv.Key, kv.Lease, want)
 	}
-	if tok := l.(lock.Fenced).Token(); tok != kv.CreateRevision {
+	if tok := l.(lock.Expiring).Token(); tok != kv.CreateRevision {
 		t.Errorf("token %d; want the key's create revision %d", tok, kv.CreateRevision)
 	}
 	var rec map[string]any
@@ -386,7 +386,7 @@ func TestCancelledWaitLeavesNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(locktest.Context(t))
 	done := make(chan error, 1)
 	go func() {
-		_, err := b.Backend.(lock.Waiter).Acquire(ctx, name)
+		_, _, err := b.Backend.(lock.Waiter).Acquire(ctx, name)
 		done <- err
 	}()
 	waitWatchers(t, e, 1)
@@ -419,7 +419,7 @@ func TestSubNames(t *testing.T) {
 		t.Fatalf("%q while %q is held: %v", name, name+"/b", err)
 	}
 	st, err := a.Inspect(locktest.Context(t), name)
-	if err != nil || len(st.Holders) != 1 || st.Holders[0].Token != la.(lock.Fenced).Token() {
+	if err != nil || len(st.Holders) != 1 || st.Holders[0].Token != la.(lock.Expiring).Token() {
 		t.Errorf("Inspect(%q): %+v, %v; want its own holder alone", name, st, err)
 	}
 	la.Release(locktest.Context(t))
@@ -438,11 +438,11 @@ func TestReleaseAt(t *testing.T) {
 		t.Fatal(err)
 	}
 	until := time.Now().Add(1500 * time.Millisecond)
-	if err := l.(lock.Lingerer).ReleaseAt(locktest.Context(t), until); err != nil {
+	if err := l.(lock.Expiring).ReleaseAt(locktest.Context(t), until); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := c.Get(locktest.Context(t), etcd.Prefix(name), clientv3.WithPrefix())
-	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != l.(lock.Fenced).Token() {
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != l.(lock.Expiring).Token() {
 		t.Fatalf("keys after ReleaseAt: %v, %v; want the holder's, in its place", resp, err)
 	}
 	if _, err := b.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
@@ -765,7 +765,7 @@ func testList(t *testing.T, e *testenv.Etcd) {
 	waiting := make(chan error, 1)
 	ctx, cancel := context.WithCancel(locktest.Context(t))
 	go func() {
-		_, err := locktest.Open(t, e.URL, lock.Options{}).Backend.(lock.Waiter).Acquire(ctx, "jobs/a")
+		_, _, err := locktest.Open(t, e.URL, lock.Options{}).Backend.(lock.Waiter).Acquire(ctx, "jobs/a")
 		waiting <- err
 	}()
 	defer func() { cancel(); <-waiting }()

@@ -2,7 +2,6 @@ package etcd
 
 import (
 	"context"
-	"errors"
 	"math"
 	"time"
 
@@ -28,10 +27,6 @@ type lease struct {
 // of every name (etcdctl's ETCD_LOCK_REV is the revision at which etcdctl
 // learned it holds the lock).
 func (l *lease) Token() int64 { return l.rev }
-
-// RenewedAt is when the lease was last renewed, for a lock that a waiter
-// got: its life runs from then.
-func (l *lease) RenewedAt() time.Time { return l.renewedAt }
 
 // Keep renews the lease for another ttl, judged by the server's clock, then
 // checks that the key is still there: a lease revoked (withlock release
@@ -65,7 +60,7 @@ func (l *lease) Release(ctx context.Context) error {
 		return l.b.classify(err)
 	}
 	if !resp.Succeeded {
-		return errors.New("etcd: the lock's key was no longer ours at release")
+		return lock.Errorf(lock.ErrNotOurs, "etcd: the lock's key was no longer ours at release")
 	}
 	return nil
 }
@@ -77,9 +72,6 @@ func (l *lease) Release(ctx context.Context) error {
 // key keeps its place and its create revision.
 func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	left := time.Until(until)
-	if left < time.Millisecond {
-		return l.Release(ctx)
-	}
 	g, err := l.c.grant(ctx, int64(math.Ceil(left.Seconds())))
 	if err != nil {
 		return l.b.classify(err)
@@ -93,7 +85,7 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 		if err != nil {
 			return l.b.classify(err)
 		}
-		return errors.New("etcd: the lock's key was no longer ours at release")
+		return lock.Errorf(lock.ErrNotOurs, "etcd: the lock's key was no longer ours at release")
 	}
 	l.revoke(ctx, l.id)
 	return nil

@@ -248,11 +248,12 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 // semaphore), then looks at the queue again. Meanwhile it renews its lease
 // every ttl/3, since a waiter's key must live as long as it waits; a
 // renewal that fails ends the wait (Client.Acquire tries again). When ctx
-// ends or anything fails, the lease is revoked, which deletes the key.
-func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) {
+// ends or anything fails, the lease is revoked, which deletes the key. The
+// lock's life counts from the lease's last renewal.
+func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, time.Time, error) {
 	l, q, i, err := b.enqueue(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	for waited := false; ; waited = true {
 		holds, wait, err := judge(name, q, i)
@@ -260,7 +261,7 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 			if waited {
 				go l.stamp()
 			}
-			return l, nil
+			return l, l.renewedAt, nil
 		}
 		if err == nil {
 			watch := q[i].key // unused when waiting on the prefix
@@ -275,9 +276,9 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 		if err != nil {
 			l.drop(ctx)
 			if ctx.Err() != nil {
-				return nil, context.Cause(ctx)
+				return nil, time.Time{}, context.Cause(ctx)
 			}
-			return nil, err
+			return nil, time.Time{}, err
 		}
 	}
 }
@@ -378,7 +379,7 @@ func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool, ahead i
 
 // requeue looks at the queue again after a deletion, if the key is still
 // there, and meanwhile renews the lease: the lock may be about to be ours,
-// and its life runs from that renewal (lock.Renewed). Both fail if the key
+// and its life runs from that renewal (Acquire returns it). Both fail if the key
 // is gone. Only reads: the hand-off waits for no write to reach the disk.
 func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 	renewed := make(chan error, 1)

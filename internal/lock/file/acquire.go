@@ -49,7 +49,13 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 // which take the mark shared on their way in, then wait behind it, and the
 // shared holders already in drain away. A shared waiter takes the mark
 // shared, so it waits only while a writer waits or holds.
-func (w waiting) Acquire(ctx context.Context, name string) (lock.Lease, error) {
+// The lock's life counts from when the kernel granted it, a moment ago.
+func (w waiting) Acquire(ctx context.Context, name string) (lock.Lease, time.Time, error) {
+	l, err := w.acquire(ctx, name)
+	return l, time.Now(), err
+}
+
+func (w waiting) acquire(ctx context.Context, name string) (lock.Lease, error) {
 	f := FileName(name)
 	how := syscall.LOCK_EX
 	if w.opts.Mode == lock.Shared {

@@ -11,11 +11,11 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
-// Check reports the file system DIR is on (withlock check), and removes
+// Findings reports the file system DIR is on (withlock check), and removes
 // the probe lock's file: a lock file is normally kept, since removing it
 // while another process opens it would split the lock in two, but the
 // probe's name is its alone.
-func (b *backend) Check(ctx context.Context, probe string) ([]lock.Finding, error) {
+func (b *backend) Findings(ctx context.Context, probe string) ([]lock.Finding, error) {
 	f := FileName(probe)
 	if entries, err := os.ReadDir(b.dir); err == nil {
 		for _, e := range entries {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"slices"
 	"strings"
 	"syscall"
 
@@ -114,13 +113,6 @@ func (b *backend) lookOnce(f string) (s seen, settled bool, err error) {
 	} else {
 		s.holders, s.state.Mode, settled = localHolders(lockers, mainRec, hasRec, slots, shared)
 	}
-	// Oldest first; holders without a record (their start is unknown) last.
-	slices.SortStableFunc(s.holders, func(a, b holder) int {
-		if a.AcquiredAt.IsZero() || b.AcquiredAt.IsZero() {
-			return boolCmp(a.AcquiredAt.IsZero(), b.AcquiredAt.IsZero())
-		}
-		return a.AcquiredAt.Compare(b.AcquiredAt)
-	})
 	for _, h := range s.holders {
 		s.state.Holders = append(s.state.Holders, h.Holder)
 		if h.rec == nil {

@@ -40,11 +40,11 @@ type accessReview struct {
 	} `json:"status"`
 }
 
-// Check asks the API server (SelfSubjectAccessReview, which every
+// Findings asks the API server (SelfSubjectAccessReview, which every
 // authenticated account may) what this account may do with Leases in the
 // namespace, and removes the probe lock's Lease, which a release keeps
 // (free) for the lock's next holder (withlock check).
-func (b *backend) Check(ctx context.Context, probe string) ([]lock.Finding, error) {
+func (b *backend) Findings(ctx context.Context, probe string) ([]lock.Finding, error) {
 	ns := b.cfg.namespace
 	var denied []string
 	canDelete := false

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync"
 	"time"
 
@@ -438,28 +436,10 @@ func (b *backend) classify(err error, verb string) error {
 			return lock.Errorf(lock.ErrUnavailable, "%s is not ready (%d: %s)", where, ae.code, ae.Error())
 		}
 		return lock.Errorf(lock.ErrRefused, "%s refused: %d %s", where, ae.code, ae.Error())
-	case tlsRefusal(err):
+	case lock.TLSRefusal(err):
 		return lock.Errorf(lock.ErrRefused, "%s: %v", where, err)
 	}
 	return lock.Unreachable(where, lock.Reason(err))
-}
-
-// tlsRefusal reports whether err is a TLS peer's answer that retrying will
-// not change: a certificate we do not trust, a server that does not speak
-// TLS, or an alert it sent.
-func tlsRefusal(err error) bool {
-	var (
-		verify   *tls.CertificateVerificationError
-		unknown  x509.UnknownAuthorityError
-		hostname x509.HostnameError
-		invalid  x509.CertificateInvalidError
-		header   tls.RecordHeaderError
-		op       *net.OpError
-	)
-	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) ||
-		errors.As(err, &invalid) || errors.As(err, &header) ||
-		errors.As(err, &op) && op.Op == "remote error" ||
-		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
 }
 
 // isCode reports whether err is the API server's answer code.

@@ -542,7 +542,7 @@ func (l *lease) Release(ctx context.Context) error {
 	}
 	switch {
 	case isCode(err, http.StatusConflict), isCode(err, http.StatusNotFound):
-		return fmt.Errorf("k8s: the Lease %s/%s was no longer ours at release", l.ns, l.obj.Metadata.Name)
+		return lock.Errorf(lock.ErrNotOurs, "k8s: the Lease %s/%s was no longer ours at release", l.ns, l.obj.Metadata.Name)
 	case err != nil:
 		return l.b.classify(err, "update")
 	}
@@ -564,9 +564,6 @@ func (l *lease) Release(ctx context.Context) error {
 // their own clocks, count from when they first see that version.
 func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	left := time.Until(until)
-	if left < time.Millisecond {
-		return l.Release(ctx)
-	}
 	next := &Lease{Metadata: l.obj.Metadata, Spec: l.obj.Spec}
 	manager := fieldManager
 	last, ok := renewedAt(l.obj)
@@ -588,7 +585,7 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	}
 	switch {
 	case isCode(err, http.StatusConflict), isCode(err, http.StatusNotFound):
-		return fmt.Errorf("k8s: the Lease %s/%s was no longer ours at release", l.ns, l.obj.Metadata.Name)
+		return lock.Errorf(lock.ErrNotOurs, "k8s: the Lease %s/%s was no longer ours at release", l.ns, l.obj.Metadata.Name)
 	case err != nil:
 		return l.b.classify(err, "update")
 	}
@@ -601,7 +598,7 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 const holdManager = "withlock-hold"
 
 var (
+	_ lock.Backend  = (*backend)(nil)
 	_ lock.Notifier = (*backend)(nil)
-	_ lock.Fenced   = (*lease)(nil)
-	_ lock.Lingerer = (*lease)(nil)
+	_ lock.Expiring = (*lease)(nil)
 )

@@ -128,7 +128,7 @@ func TestLeaseFields(t *testing.T) {
 		if a[k8s.AnnotationHost] != "web-1" || a[k8s.AnnotationPID] != "42" || a[k8s.AnnotationCommand] != `["migrate","up"]` {
 			t.Errorf("holder record: %v", a)
 		}
-		if tok := l.(lock.Fenced).Token(); tok != int64(i) {
+		if tok := l.(lock.Expiring).Token(); tok != int64(i) {
 			t.Errorf("token %d, want leaseTransitions %d", tok, i)
 		}
 		if err := l.Release(locktest.Context(t)); err != nil {
@@ -407,7 +407,7 @@ func TestRenewalRecord(t *testing.T) {
 		prev = at
 	}
 	serverPast(t, k, prev)
-	if err := l.(lock.Lingerer).ReleaseAt(ctx, time.Now().Add(5*time.Second)); err != nil {
+	if err := l.(lock.Expiring).ReleaseAt(ctx, time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	got, at := read()
@@ -541,7 +541,7 @@ func TestForeignFields(t *testing.T) {
 	if _, err := c.TryAcquire(ctx, name); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Backend.(lock.Breaker).Break(ctx, name); err != nil {
+	if _, err := c.Backend.Break(ctx, name); err != nil {
 		t.Fatal(err)
 	}
 	check("release --force")

@@ -1,14 +1,12 @@
 package k8s
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/withlock/withlock/internal/lock"
@@ -85,7 +83,6 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 			held = append(held, *st)
 		}
 	}
-	slices.SortFunc(held, func(x, y lock.State) int { return strings.Compare(x.Name, y.Name) })
 	return held, nil
 }
 
@@ -145,12 +142,6 @@ func sortHolders(st *lock.State) {
 		*st = lock.State{Name: st.Name, Key: st.Key}
 		return
 	}
-	slices.SortFunc(st.Holders, func(x, y lock.Holder) int {
-		if c := x.AcquiredAt.Compare(y.AcquiredAt); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.Token, y.Token)
-	})
 }
 
 // Break clears the holder of each of name's Leases that has one that has
@@ -190,8 +181,3 @@ func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error)
 	}
 	return broken, nil
 }
-
-var (
-	_ lock.Inspector = (*backend)(nil)
-	_ lock.Breaker   = (*backend)(nil)
-)

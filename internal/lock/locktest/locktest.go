@@ -261,7 +261,7 @@ func waitInBackground(t *testing.T, ctx context.Context, w lock.Waiter, name str
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		l, err := w.Acquire(ctx, name)
+		l, _, err := w.Acquire(ctx, name)
 		done <- result{l, err}
 	}()
 	// Cleanups run last-in first-out, so this runs before the Backends
@@ -478,9 +478,9 @@ func RunLeaseWith(t *testing.T, open OpenFunc, breakLease func(t *testing.T, nam
 		var last int64
 		for i := 0; i < 3; i++ {
 			l := mustTry(t, b, name)
-			f, ok := l.(lock.Fenced)
+			f, ok := l.(lock.Expiring)
 			if !ok {
-				t.Fatal("a lease backend's Lease must be lock.Fenced")
+				t.Fatal("a lease backend's Lease must be lock.Expiring")
 			}
 			if f.Token() <= last {
 				t.Fatalf("acquisition %d got fencing token %d after %d", i, f.Token(), last)

@@ -29,7 +29,7 @@ func RunModes(t *testing.T, open OpenFunc, o ModeOptions) {
 	shared := lock.Options{Mode: lock.Shared}
 	sem := func(n int) lock.Options { return lock.Options{Mode: lock.Semaphore, MaxHolders: n} }
 	token := func(l lock.Lease) int64 {
-		if f, ok := l.(lock.Fenced); ok {
+		if f, ok := l.(lock.Expiring); ok {
 			return f.Token()
 		}
 		return 0

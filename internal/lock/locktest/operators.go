@@ -70,7 +70,7 @@ func RunOperators(t *testing.T, open OpenFunc, o OperatorOptions) {
 		}
 	}
 	token := func(l lock.Lease) int64 {
-		if f, ok := l.(lock.Fenced); ok {
+		if f, ok := l.(lock.Expiring); ok {
 			return f.Token()
 		}
 		return 0

@@ -10,14 +10,14 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
-// Check removes the probe lock's records, and reports whether a failover
+// Findings removes the probe lock's records, and reports whether a failover
 // could undo a lease (withlock check):
 // the deployment (a replica set, a sharded cluster, a standalone server)
 // and the write concern the URL chose. withlock writes with w: majority
 // unless the URL says otherwise; a lease that only some members have can be
 // rolled back when the primary fails over, and the next holder then runs
 // beside the first.
-func (b *backend) Check(ctx context.Context, probe string) ([]lock.Finding, error) {
+func (b *backend) Findings(ctx context.Context, probe string) ([]lock.Finding, error) {
 	if err := b.connect(); err != nil {
 		return nil, err
 	}

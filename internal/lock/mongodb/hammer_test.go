@@ -132,7 +132,7 @@ func hammer(t *testing.T, mode func(c int) lock.Options) {
 					time.Sleep(pause)
 					continue
 				}
-				s := section{client: c, mode: opts.Mode, token: l.(lock.Fenced).Token(), enter: time.Now()}
+				s := section{client: c, mode: opts.Mode, token: l.(lock.Expiring).Token(), enter: time.Now()}
 				if s.mode == "" {
 					s.mode = lock.Exclusive
 				}

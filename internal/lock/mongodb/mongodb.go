@@ -124,7 +124,6 @@ package mongodb
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/url"
@@ -147,6 +146,11 @@ func init() {
 	lock.Register("mongodb", open)
 	lock.Register("mongodb+srv", open)
 }
+
+var (
+	_ lock.Backend  = (*backend)(nil)
+	_ lock.Expiring = (*lease)(nil)
+)
 
 // DefaultDatabase is the database used when the URL names none.
 const DefaultDatabase = "withlock"
@@ -481,15 +485,8 @@ func tlsRefusal(err error) error {
 		return nil
 	}
 	for _, s := range sel.Desc.Servers {
-		var (
-			verify *tls.CertificateVerificationError
-			header tls.RecordHeaderError
-		)
-		switch {
-		case errors.As(s.LastError, &verify):
-			return verify
-		case errors.As(s.LastError, &header):
-			return header
+		if s.LastError != nil && lock.TLSRefusal(s.LastError) {
+			return s.LastError
 		}
 	}
 	return nil
@@ -721,7 +718,7 @@ func (l *lease) Release(ctx context.Context) error {
 	defer cancel()
 	notOurs := func(err error) error {
 		if errors.Is(err, lock.ErrLost) {
-			return fmt.Errorf("mongodb: the lock was no longer ours at release: %w", err)
+			return lock.Errorf(lock.ErrNotOurs, "mongodb: the lock was no longer ours at release: %w", err)
 		}
 		return err
 	}
@@ -752,8 +749,5 @@ func (l *lease) Release(ctx context.Context) error {
 // lock must not end before until.
 func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	left := time.Until(until)
-	if left < time.Millisecond {
-		return l.Release(ctx)
-	}
 	return l.extend(ctx, opLinger, left.Truncate(time.Millisecond)+time.Millisecond)
 }

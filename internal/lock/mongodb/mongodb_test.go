@@ -133,8 +133,8 @@ func TestDocuments(t *testing.T) {
 	if h.Host != "h1" || h.PID != 42 || strings.Join(h.Command, " ") != "migrate up" || h.ID == "" {
 		t.Errorf("holder %+v; want host h1, pid 42, command migrate up and an id", h)
 	}
-	if h.Token != acq.Seq || l.(lock.Fenced).Token() != acq.Seq || hr.Token != acq.Seq {
-		t.Errorf("tokens: acquisition %d, renewal %d, Token() %d; want the acquiring seq %d", h.Token, hr.Token, l.(lock.Fenced).Token(), acq.Seq)
+	if h.Token != acq.Seq || l.(lock.Expiring).Token() != acq.Seq || hr.Token != acq.Seq {
+		t.Errorf("tokens: acquisition %d, renewal %d, Token() %d; want the acquiring seq %d", h.Token, hr.Token, l.(lock.Expiring).Token(), acq.Seq)
 	}
 	if !h.AcquiredAt.Equal(acq.At) || h.ExpiresAt.Sub(acq.At) != ttl {
 		t.Errorf("acquiredAt %v, expiresAt %v, at %v; want acquiredAt = at and expiresAt = at + %v", h.AcquiredAt, h.ExpiresAt, acq.At, ttl)
@@ -148,7 +148,7 @@ func TestDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tok := l2.(lock.Fenced).Token(); tok != rel.Seq+1 {
+	if tok := l2.(lock.Expiring).Token(); tok != rel.Seq+1 {
 		t.Errorf("second acquisition's token %d; want %d", tok, rel.Seq+1)
 	}
 	mustRelease(t, l2)
@@ -165,7 +165,7 @@ func TestReleaseAt(t *testing.T) {
 		t.Fatal(err)
 	}
 	until := time.Now().Add(700 * time.Millisecond)
-	if err := l.(lock.Lingerer).ReleaseAt(locktest.Context(t), until); err != nil {
+	if err := l.(lock.Expiring).ReleaseAt(locktest.Context(t), until); err != nil {
 		t.Fatal(err)
 	}
 	docs := chain(t, locks(t, m.URL), name)
@@ -246,7 +246,7 @@ func TestTokensGrowAcrossDrop(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		last = l.(lock.Fenced).Token()
+		last = l.(lock.Expiring).Token()
 		mustRelease(t, l)
 	}
 	held, err := a.TryAcquire(locktest.Context(t), name)
@@ -260,8 +260,8 @@ func TestTokensGrowAcrossDrop(t *testing.T) {
 	if err != nil {
 		t.Fatalf("after the drop: %v", err)
 	}
-	if tok := l.(lock.Fenced).Token(); tok <= held.(lock.Fenced).Token() || tok <= last {
-		t.Errorf("token %d after the drop; want more than %d", tok, held.(lock.Fenced).Token())
+	if tok := l.(lock.Expiring).Token(); tok <= held.(lock.Expiring).Token() || tok <= last {
+		t.Errorf("token %d after the drop; want more than %d", tok, held.(lock.Expiring).Token())
 	}
 	if err := held.Keep(locktest.Context(t)); !errors.Is(err, lock.ErrLost) {
 		t.Errorf("Keep after the drop: %v; want ErrLost", err)
@@ -281,15 +281,15 @@ func TestTakeover(t *testing.T) {
 	if d := time.Since(start); d < ttl {
 		t.Errorf("taken over after %v; the lease lasts %v", d, ttl)
 	}
-	if lb.(lock.Fenced).Token() <= la.(lock.Fenced).Token() {
-		t.Errorf("token %d after %d", lb.(lock.Fenced).Token(), la.(lock.Fenced).Token())
+	if lb.(lock.Expiring).Token() <= la.(lock.Expiring).Token() {
+		t.Errorf("token %d after %d", lb.(lock.Expiring).Token(), la.(lock.Expiring).Token())
 	}
 	took := false
 	for _, d := range chain(t, locks(t, m.URL), name) {
-		took = took || d.Op == "take" && d.Seq == lb.(lock.Fenced).Token()
+		took = took || d.Op == "take" && d.Seq == lb.(lock.Expiring).Token()
 	}
 	if !took {
-		t.Errorf("no document with op take at the new holder's token %d", lb.(lock.Fenced).Token())
+		t.Errorf("no document with op take at the new holder's token %d", lb.(lock.Expiring).Token())
 	}
 	err := la.Keep(locktest.Context(t))
 	if !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "took the lock over") {

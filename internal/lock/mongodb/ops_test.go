@@ -74,8 +74,8 @@ func TestBreakRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the exclusive waiter after the break: %v", err)
 	}
-	if lx.(lock.Fenced).Token() <= d.Seq {
-		t.Errorf("token %d after the break at seq %d; want it larger", lx.(lock.Fenced).Token(), d.Seq)
+	if lx.(lock.Expiring).Token() <= d.Seq {
+		t.Errorf("token %d after the break at seq %d; want it larger", lx.(lock.Expiring).Token(), d.Seq)
 	}
 	mustRelease(t, lx)
 }
@@ -109,7 +109,7 @@ func TestStatusLiveHolders(t *testing.T) {
 	}
 	time.Sleep(1600 * time.Millisecond) // the short lease must run out: that is what is checked
 	st, err = long.Inspect(locktest.Context(t), name)
-	if err != nil || len(st.Holders) != 1 || st.Holders[0].Host != "long" || st.Holders[0].Token != ll.(lock.Fenced).Token() {
+	if err != nil || len(st.Holders) != 1 || st.Holders[0].Host != "long" || st.Holders[0].Token != ll.(lock.Expiring).Token() {
 		t.Errorf("Inspect once the short lease ran out: %+v, %v; want the long holder only", st, err)
 	}
 	all, err := long.List(locktest.Context(t))

@@ -69,7 +69,6 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 			held = append(held, st)
 		}
 	}
-	slices.SortFunc(held, func(a, b lock.State) int { return strings.Compare(a.Name, b.Name) })
 	return held, nil
 }
 
@@ -85,7 +84,6 @@ func stateOf(name string, s *state, now time.Time) lock.State {
 	if st.Mode == lock.Semaphore {
 		st.MaxHolders = s.Max
 	}
-	slices.SortStableFunc(live, func(a, b holder) int { return a.AcquiredAt.Compare(b.AcquiredAt) })
 	for _, h := range live {
 		st.Holders = append(st.Holders, holderOf(h))
 	}
@@ -157,8 +155,6 @@ func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error)
 			return nil, lock.Errorf(lock.ErrHeld, "mongodb at %s: %d writes to the lock %q in a row lost the race to its holders", b.addr, round, name)
 		}
 	}
-	// Oldest first, as status shows them.
-	slices.SortStableFunc(broken, func(a, b holder) int { return a.AcquiredAt.Compare(b.AcquiredAt) })
 	var hs []lock.Holder
 	for _, h := range broken {
 		hs = append(hs, holderOf(h))

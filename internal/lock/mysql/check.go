@@ -8,11 +8,11 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
-// Check reports what weakens a lock on this server beyond what taking one
+// Findings reports what weakens a lock on this server beyond what taking one
 // refuses (withlock check): a replica that is not read-only (Server.Warning,
 // as a holder is warned), a lone Galera node, and whether status can show
 // who holds a lock (performance_schema).
-func (b *backend) Check(ctx context.Context, probe string) ([]lock.Finding, error) {
+func (b *backend) Findings(ctx context.Context, probe string) ([]lock.Finding, error) {
 	var out []lock.Finding
 	err := b.withAux(ctx, func(c *sql.Conn) error {
 		s, err := Detect(ctx, c)

@@ -94,7 +94,7 @@ func (l *lease) Release(ctx context.Context) error {
 		l.b.drop()
 		return fmt.Errorf("mysql: %w; closed the connection, which ends the lock", err)
 	case was.Int64 != 1:
-		return errors.New("mysql: the lock was no longer held at release")
+		return lock.Errorf(lock.ErrNotOurs, "mysql: the lock was no longer ours at release")
 	}
 	return nil
 }

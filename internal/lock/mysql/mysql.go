@@ -54,6 +54,12 @@ func init() {
 	gomysql.SetLogger(&gomysql.NopLogger{})
 }
 
+var (
+	_ lock.Backend = (*backend)(nil)
+	_ lock.Waiter  = (*backend)(nil)
+	_ lock.Watcher = (*lease)(nil)
+)
+
 // keyPrefix starts every key. MySQL caps lock names at 64 characters:
 // the prefix and 55 hex digits fill them.
 const keyPrefix = "withlock:"
@@ -482,7 +488,14 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 // wait leaves the server's queue at once; if the lock was granted
 // meanwhile, or the server does not answer, the connection is closed,
 // which releases it.
-func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) {
+// The session holds the lock from the grant on, and the grant's answer has
+// just arrived: the lock's life counts from then.
+func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, time.Time, error) {
+	l, err := b.wait(ctx, name)
+	return l, time.Now(), err
+}
+
+func (b *backend) wait(ctx context.Context, name string) (lock.Lease, error) {
 	wait, last := waitSeconds, 0
 	if b.n > 1 {
 		wait, last = slotWaitSeconds, rand.N(b.n)

@@ -232,7 +232,7 @@ func TestCancelledWaitLeavesNothing(t *testing.T) {
 			ctx, cancel := context.WithCancel(locktest.Context(t))
 			done := make(chan error, 1)
 			go func() {
-				_, err := b.Backend.(lock.Waiter).Acquire(ctx, "job")
+				_, _, err := b.Backend.(lock.Waiter).Acquire(ctx, "job")
 				done <- err
 			}()
 			deadline := time.Now().Add(30 * time.Second)
@@ -275,7 +275,7 @@ func TestCancelAsGranted(t *testing.T) {
 		ctx, cancel := context.WithCancel(locktest.Context(t))
 		done := make(chan result, 1)
 		go func() {
-			l, err := b.Backend.(lock.Waiter).Acquire(ctx, "job")
+			l, _, err := b.Backend.(lock.Waiter).Acquire(ctx, "job")
 			done <- result{l, err}
 		}()
 		for query(t, m.URL, waiting) != "1" {

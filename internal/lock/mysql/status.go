@@ -201,7 +201,6 @@ func state(name string, held map[int]int64, who map[int64]holder) lock.State {
 			st.Mode, st.MaxHolders = lock.Semaphore, h.rec.MaxHolders
 		}
 	}
-	slices.SortStableFunc(st.Holders, func(a, b lock.Holder) int { return a.AcquiredAt.Compare(b.AcquiredAt) })
 	return st
 }
 
@@ -343,7 +342,6 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 		for _, name := range slices.Sorted(maps.Keys(byName)) {
 			states = append(states, state(name, byName[name], who))
 		}
-		slices.SortFunc(others, func(a, b lock.State) int { return strings.Compare(a.Key, b.Key) })
 		states = append(states, others...)
 		b.warnTrap(ctx, c)
 		return nil

@@ -9,11 +9,11 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
-// Check reports what weakens a lock on this server beyond what taking one
+// Findings reports what weakens a lock on this server beyond what taking one
 // refuses (a standby, a transaction pool; withlock check): whether the
 // server can end a frozen holder's session (idle_session_timeout,
 // PostgreSQL 14), and whether a session pool is in between.
-func (b *backend) Check(ctx context.Context, probe string) ([]lock.Finding, error) {
+func (b *backend) Findings(ctx context.Context, probe string) ([]lock.Finding, error) {
 	conn, err := b.connect(ctx, probe)
 	if err != nil {
 		return nil, err

@@ -290,7 +290,7 @@ func wait(t *testing.T, c *lock.Client, name string) <-chan result {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	go func() {
 		defer close(done)
-		l, err := c.Backend.(lock.Waiter).Acquire(ctx, name)
+		l, _, err := c.Backend.(lock.Waiter).Acquire(ctx, name)
 		ch <- result{l, err}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
@@ -452,7 +452,7 @@ func TestEveryModeRefused(t *testing.T) {
 				t.Run(fmt.Sprintf("%s/%s/wait %v", opts.Mode, server.name, waits), func(t *testing.T) {
 					c := locktest.Open(t, server.url, opts)
 					if waits {
-						_, err = c.Backend.(lock.Waiter).Acquire(locktest.Context(t), "job")
+						_, _, err = c.Backend.(lock.Waiter).Acquire(locktest.Context(t), "job")
 					} else {
 						_, err = c.TryAcquire(locktest.Context(t), "job")
 					}

@@ -37,7 +37,7 @@ func TestTransactionPooler(t *testing.T) {
 						bk := locktest.Open(t, b.URL, lock.Options{})
 						var err error
 						if i%2 == 0 {
-							_, err = bk.Backend.(lock.Waiter).Acquire(locktest.Context(t), "job")
+							_, _, err = bk.Backend.(lock.Waiter).Acquire(locktest.Context(t), "job")
 						} else {
 							_, err = bk.TryAcquire(locktest.Context(t), "job")
 						}

@@ -37,6 +37,12 @@ func init() {
 	lock.Register("postgresql", open)
 }
 
+var (
+	_ lock.Backend = (*backend)(nil)
+	_ lock.Waiter  = (*backend)(nil)
+	_ lock.Watcher = (*lease)(nil)
+)
+
 // Keys derives the two int4 keys of pg_advisory_lock(k1, k2) from a lock
 // name: bytes 0-3 and 4-7 of SHA-256(name), each read as a little-endian
 // signed int32. The npm package advisory-lock derives its keys the same way,
@@ -348,11 +354,17 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 // Acquire waits in pg_advisory_lock (or pg_advisory_lock_shared), so that
 // PostgreSQL hands the lock over the moment its holder lets go, in the
 // order the requests came. A semaphore's waiter waits as acquireSlot says.
-func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) {
+// The session holds the lock from the grant on, and the grant's answer has
+// just arrived: the lock's life counts from then.
+func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, time.Time, error) {
+	var l lock.Lease
+	var err error
 	if b.opts.Mode == lock.Semaphore {
-		return b.acquireSlot(ctx, name)
+		l, err = b.acquireSlot(ctx, name)
+	} else {
+		l, err = b.take(ctx, name, true)
 	}
-	return b.take(ctx, name, true)
+	return l, time.Now(), err
 }
 
 // lockSQL takes NAME's keys ($1, $2), in the same statement that checks
@@ -878,7 +890,7 @@ func (l *lease) Release(ctx context.Context) error {
 	case was == nil:
 		return errors.New("postgres: our statements moved to another server process; the lock ends with the session that holds it")
 	case !*was:
-		return errors.New("postgres: the lock was no longer held at release")
+		return lock.Errorf(lock.ErrNotOurs, "postgres: the lock was no longer ours at release")
 	}
 	return nil
 }

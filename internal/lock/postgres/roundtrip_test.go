@@ -88,7 +88,7 @@ func TestOneRoundTrip(t *testing.T) {
 			step("Keep", func() error { return l.Keep(locktest.Context(t)) })
 			step("Release", func() error { return l.Release(locktest.Context(t)) })
 			if w, ok := b.Backend.(lock.Waiter); ok && opts.Mode != lock.Semaphore {
-				step("Acquire (a wait in the server)", func() (err error) { l, err = w.Acquire(locktest.Context(t), "job"); return err })
+				step("Acquire (a wait in the server)", func() (err error) { l, _, err = w.Acquire(locktest.Context(t), "job"); return err })
 				l.Release(locktest.Context(t))
 			}
 		})

@@ -89,7 +89,7 @@ func TestSemaphoreDetectorRace(t *testing.T) {
 	defer cancel()
 	got := make(chan error, 1)
 	go func() {
-		l, err := waiter.Backend.(lock.Waiter).Acquire(ctx, name)
+		l, _, err := waiter.Backend.(lock.Waiter).Acquire(ctx, name)
 		if err == nil {
 			l.Release(context.Background())
 		}

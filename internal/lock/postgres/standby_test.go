@@ -48,7 +48,7 @@ func TestStandby(t *testing.T) {
 			b := locktest.Open(t, standby.URL, lock.Options{})
 			var err error
 			if wait {
-				_, err = b.Backend.(lock.Waiter).Acquire(locktest.Context(t), name)
+				_, _, err = b.Backend.(lock.Waiter).Acquire(locktest.Context(t), name)
 			} else {
 				_, err = b.TryAcquire(locktest.Context(t), name)
 			}

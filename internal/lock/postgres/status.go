@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -320,9 +319,6 @@ rows:
 	for _, key := range order {
 		out = append(out, groups[key].state())
 	}
-	slices.SortFunc(out, func(a, b lock.State) int {
-		return cmp.Or(cmp.Compare(b2i(a.Name == ""), b2i(b.Name == "")), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Key, b.Key))
-	})
 	return out, nil
 }
 
@@ -354,7 +350,6 @@ func (g *group) state() lock.State {
 		h, _ := s.holder()
 		st.Holders = append(st.Holders, h)
 	}
-	slices.SortStableFunc(st.Holders, oldestFirst)
 	switch {
 	case len(st.Holders) == 0:
 	case g.exclusive:
@@ -365,18 +360,6 @@ func (g *group) state() lock.State {
 		st.Mode = lock.Shared
 	}
 	return st
-}
-
-// oldestFirst orders holders by when they took the lock, unknown last.
-func oldestFirst(a, b lock.Holder) int {
-	return cmp.Or(cmp.Compare(b2i(a.AcquiredAt.IsZero()), b2i(b.AcquiredAt.IsZero())), a.AcquiredAt.Compare(b.AcquiredAt))
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // breakTimeout is how long Break waits for the sessions it ends when ctx
@@ -447,7 +430,6 @@ func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error)
 			b.opts.Log.Warn("could not tell the waiters of "+strconv.Quote(name)+" that it is free", "err", err)
 		}
 	}
-	slices.SortStableFunc(broken, oldestFirst)
 	return broken, nil
 }
 
@@ -475,8 +457,3 @@ func majorVersion(v string) int {
 	n, _ := strconv.Atoi(v)
 	return n
 }
-
-var _ interface {
-	lock.Inspector
-	lock.Breaker
-} = (*backend)(nil)

@@ -10,14 +10,14 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
-// Check removes what the probe lock leaves (its fencing counter outlives
+// Findings removes what the probe lock leaves (its fencing counter outlives
 // every lease of a name; the probe's name is its alone), then reports what
 // weakens a lock on this server, or on each master of a cluster, beyond
 // what taking one refuses (a replica; withlock check): eviction, and
 // whether a restart or a failover can forget a lock. It reads INFO, which
 // every client may, and CONFIG only for the snapshot schedule, which
 // managed servers hide.
-func (b *backend) Check(ctx context.Context, probe string) ([]lock.Finding, error) {
+func (b *backend) Findings(ctx context.Context, probe string) ([]lock.Finding, error) {
 	if err := b.connect(ctx); err != nil {
 		return nil, err
 	}

@@ -60,7 +60,7 @@ func holders(t *testing.T, c *lock.Client, name string) []lock.Holder {
 	return st.Holders
 }
 
-func tokenOf(l lock.Lease) int64 { return l.(lock.Fenced).Token() }
+func tokenOf(l lock.Lease) int64 { return l.(lock.Expiring).Token() }
 
 // Each holder's lease ends on its own, by the server's clock: a shared or
 // semaphore holder that stops renewing frees only its own place, while the

@@ -31,12 +31,9 @@ package redis
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -56,6 +53,12 @@ func init() {
 	// is its own, and those errors reach us as return values anyway.
 	goredis.SetLogger(quiet{})
 }
+
+var (
+	_ lock.Backend  = (*backend)(nil)
+	_ lock.Notifier = (*backend)(nil)
+	_ lock.Expiring = (*lease)(nil)
+)
 
 type quiet struct{}
 
@@ -522,7 +525,7 @@ func (b *backend) classifyIn(err error, s *luaScript, keys ...string) error {
 	if errors.As(err, &wrong) {
 		return lock.Errorf(lock.ErrRefused, "%v", wrong)
 	}
-	if tlsRefusal(err) {
+	if lock.TLSRefusal(err) {
 		return lock.Errorf(lock.ErrRefused, "redis at %s: %v", b.addr, err)
 	}
 	return lock.Unreachable("redis at "+b.addr, lock.Reason(err))
@@ -535,23 +538,6 @@ func hasAnyPrefix(s string, prefixes []string) bool {
 		}
 	}
 	return false
-}
-
-// tlsRefusal reports whether err is a TLS peer's answer that retrying will
-// not change: a certificate we do not trust, a server that does not speak
-// TLS, or an alert it sent. A handshake that was cut or timed out is not.
-func tlsRefusal(err error) bool {
-	var (
-		verify   *tls.CertificateVerificationError
-		unknown  x509.UnknownAuthorityError
-		hostname x509.HostnameError
-		invalid  x509.CertificateInvalidError
-		header   tls.RecordHeaderError
-		op       *net.OpError
-	)
-	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) ||
-		errors.As(err, &invalid) || errors.As(err, &header) ||
-		errors.As(err, &op) && op.Op == "remote error"
 }
 
 type lease struct {
@@ -592,7 +578,7 @@ func (l *lease) Release(ctx context.Context) error {
 	switch r := reply.(type) {
 	case int64:
 		if r == 0 {
-			return errors.New("redis: the lease was no longer ours at release")
+			return lock.Errorf(lock.ErrNotOurs, "redis: the lease was no longer ours at release")
 		}
 		return nil
 	case []any:
@@ -608,15 +594,12 @@ func (l *lease) Release(ctx context.Context) error {
 // server's clock decides, so the time left is sent, not the time of day.
 func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	left := time.Until(until)
-	if left < time.Millisecond {
-		return l.Release(ctx)
-	}
 	reply, err := renewScript.get().Run(ctx, l.b.client, []string{Key(l.name)}, l.token, left.Milliseconds()).Result()
 	if err != nil {
 		return l.b.classifyIn(err, renewScript, Key(l.name))
 	}
 	if err := l.renewed(reply); err != nil {
-		return fmt.Errorf("redis: the lease was no longer ours at release: %v", err)
+		return lock.Errorf(lock.ErrNotOurs, "redis: the lease was no longer ours at release: %v", err)
 	}
 	return nil
 }

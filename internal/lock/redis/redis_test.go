@@ -93,7 +93,7 @@ func token(t *testing.T, b lock.Backend, name string) int64 {
 		t.Fatalf("TryAcquire: %v", err)
 	}
 	defer l.Release(locktest.Context(t))
-	return l.(lock.Fenced).Token()
+	return l.(lock.Expiring).Token()
 }
 
 // The fencing token is the server's clock in microseconds, or one more
@@ -190,7 +190,7 @@ func TestRestartWithoutData(t *testing.T) {
 	if up := time.Since(restarted); up < ttl {
 		t.Errorf("acquired %v after the restart; want at least ttl (%v)", up, ttl)
 	}
-	if old, cur := la.(lock.Fenced).Token(), lb.(lock.Fenced).Token(); cur <= old {
+	if old, cur := la.(lock.Expiring).Token(), lb.(lock.Expiring).Token(); cur <= old {
 		t.Errorf("token after the restart %d, before %d: want larger", cur, old)
 	}
 }
@@ -248,7 +248,7 @@ func TestReplica(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // until the replica has it
 	}
 	st, err := locktest.Open(t, r.URL, lock.Options{}).Inspect(locktest.Context(t), shown)
-	if err != nil || len(st.Holders) != 1 || st.Mode != lock.Shared || st.Holders[0].Token != ls.(lock.Fenced).Token() {
+	if err != nil || len(st.Holders) != 1 || st.Mode != lock.Shared || st.Holders[0].Token != ls.(lock.Expiring).Token() {
 		t.Errorf("Inspect on a replica: %+v, %v; want the shared holder", st, err)
 	}
 

@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"slices"
@@ -88,7 +87,6 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(held, func(x, y lock.State) int { return strings.Compare(x.Name, y.Name) })
 	return held, nil
 }
 
@@ -178,12 +176,6 @@ func (b *backend) state(key string, now int64, kind string, pttl int64, fields m
 	if st.Mode != lock.Semaphore {
 		st.MaxHolders = 0
 	}
-	slices.SortFunc(st.Holders, func(x, y lock.Holder) int {
-		if c := x.AcquiredAt.Compare(y.AcquiredAt); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.Token, y.Token)
-	})
 	return st
 }
 
@@ -252,8 +244,3 @@ func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error)
 func (b *backend) unexpected(script string, reply any) error {
 	return lock.Errorf(lock.ErrRefused, "redis at %s: unexpected reply %v to the %s script", b.addr, reply, script)
 }
-
-var (
-	_ lock.Inspector = (*backend)(nil)
-	_ lock.Breaker   = (*backend)(nil)
-)

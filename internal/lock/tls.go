@@ -3,8 +3,11 @@ package lock
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
+	"net"
 	"net/url"
 	"os"
+	"strings"
 )
 
 // TLSFiles reads the TLS options that withlock's URLs share, named as
@@ -41,4 +44,24 @@ func TLSFiles(what string, q url.Values) (*tls.Config, error) {
 		cfg.Certificates = []tls.Certificate{pair}
 	}
 	return cfg, nil
+}
+
+// TLSRefusal reports whether err is the end of a TLS handshake that trying
+// again will not change: the server's certificate is not trusted or not for
+// this host, the server refused the client's (a TLS alert), or the other
+// side does not speak TLS at all. Backends report it as ErrRefused, with
+// what to fix (cacert, cert and key, or the URL's scheme).
+func TLSRefusal(err error) bool {
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		header   tls.RecordHeaderError
+		op       *net.OpError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) ||
+		errors.As(err, &invalid) || errors.As(err, &header) ||
+		errors.As(err, &op) && op.Op == "remote error" ||
+		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
 }
