@@ -89,10 +89,6 @@ EXIT STATUS
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		RunE: func(c *cobra.Command, args []string) error {
-			f.setEnv(env)
-			if err := f.check(); err != nil {
-				return err
-			}
 			client, err := f.openWith(env, lock.Options{SharedFS: f.sharedFS})
 			if err != nil {
 				return err

@@ -29,6 +29,35 @@ func (f *connFlags) setEnv(env *environment) {
 	env.verbose, env.logFormat = f.verbose, f.logFormat
 }
 
+// prepare makes the invocation's output follow the flags, then checks
+// them. It may be called more than once.
+func (f *connFlags) prepare(env *environment) error {
+	f.setEnv(env)
+	return f.check()
+}
+
+// open opens a Client for an operator's command: one attempt, bounded by
+// --connect-timeout.
+func (f *connFlags) open(env *environment) (*lock.Client, error) {
+	return f.openWith(env, lock.Options{})
+}
+
+// openWith is open with more options.
+func (f *connFlags) openWith(env *environment, opts lock.Options) (*lock.Client, error) {
+	if err := f.prepare(env); err != nil {
+		return nil, err
+	}
+	dbURL, err := f.backendURL(env)
+	if err != nil {
+		return nil, err
+	}
+	f.db = dbURL
+	opts.ConnectTimeout = f.connectTimeout
+	opts.Holder = lock.Holder{Host: lock.Hostname(), PID: os.Getpid()}
+	opts.Log = env.logger()
+	return lock.Open(dbURL, opts)
+}
+
 func (f *connFlags) check() error {
 	switch {
 	case f.logFormat != "text" && f.logFormat != "json":

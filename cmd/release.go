@@ -63,8 +63,7 @@ EXIT STATUS
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		RunE: func(c *cobra.Command, args []string) error {
-			f.setEnv(env)
-			if err := f.check(); err != nil {
+			if err := f.prepare(env); err != nil {
 				return err
 			}
 			if !f.force {

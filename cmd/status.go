@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -71,10 +70,6 @@ EXIT STATUS
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		RunE: func(c *cobra.Command, args []string) error {
-			f.setEnv(env)
-			if err := f.check(); err != nil {
-				return err
-			}
 			client, err := f.open(env)
 			if err != nil {
 				return err
@@ -103,25 +98,6 @@ EXIT STATUS
 	f.connFlags.register(c.Flags())
 	c.Flags().BoolVar(&f.json, "json", false, "print one JSON object per lock")
 	return c
-}
-
-// open opens a Client for an operator's command: one attempt, bounded by
-// --connect-timeout.
-func (f *connFlags) open(env *environment) (*lock.Client, error) {
-	return f.openWith(env, lock.Options{})
-}
-
-// openWith is open with more options.
-func (f *connFlags) openWith(env *environment, opts lock.Options) (*lock.Client, error) {
-	dbURL, err := f.backendURL(env)
-	if err != nil {
-		return nil, err
-	}
-	f.db = dbURL
-	opts.ConnectTimeout = f.connectTimeout
-	opts.Holder = lock.Holder{Host: lock.Hostname(), PID: os.Getpid()}
-	opts.Log = env.logger()
-	return lock.Open(dbURL, opts)
 }
 
 func (f *statusFlags) print(w io.Writer, st lock.State, backend string, detail bool) {
