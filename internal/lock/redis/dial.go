@@ -104,9 +104,10 @@ func isRESP(b byte) bool {
 	return bytes.IndexByte([]byte("+-:$*_#,(!=%~>|"), b) >= 0
 }
 
-// speaksPlaintext reports whether the server at addr answers an inline PING
-// as plaintext Redis does (+PONG, or an error such as -NOAUTH).
-func speaksPlaintext(ctx context.Context, network, addr string) bool {
+// probe asks the port at addr, on a connection of its own, what ask
+// answers of it, all within probeTimeout. It reports false when the port
+// cannot be reached.
+func probe(ctx context.Context, network, addr string, ask func(ctx context.Context, conn net.Conn) bool) bool {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	var d net.Dialer
@@ -115,31 +116,33 @@ func speaksPlaintext(ctx context.Context, network, addr string) bool {
 		return false
 	}
 	defer conn.Close()
-	deadline, _ := ctx.Deadline()
-	conn.SetDeadline(deadline)
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
-		return false
-	}
-	var b [1]byte
-	n, _ := conn.Read(b[:])
-	return n == 1 && (b[0] == '+' || b[0] == '-')
+	return ask(ctx, conn)
+}
+
+// speaksPlaintext reports whether the server at addr answers an inline PING
+// as plaintext Redis does (+PONG, or an error such as -NOAUTH).
+func speaksPlaintext(ctx context.Context, network, addr string) bool {
+	return probe(ctx, network, addr, func(ctx context.Context, conn net.Conn) bool {
+		deadline, _ := ctx.Deadline()
+		conn.SetDeadline(deadline)
+		if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+			return false
+		}
+		var b [1]byte
+		n, _ := conn.Read(b[:])
+		return n == 1 && (b[0] == '+' || b[0] == '-')
+	})
 }
 
 // speaksTLS reports whether the server at addr answers a TLS ClientHello
 // with a TLS record (a handshake or an alert). Nothing it sends is trusted
 // or used: only the record's type is looked at.
 func speaksTLS(network, addr string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-	defer cancel()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, network, addr)
-	if err != nil {
-		return false
-	}
-	defer conn.Close()
-	first := &firstByte{Conn: conn}
-	tls.Client(first, &tls.Config{InsecureSkipVerify: true}).HandshakeContext(ctx)
-	return first.n > 0 && (first.b == 21 || first.b == 22) // alert, handshake
+	return probe(context.Background(), network, addr, func(ctx context.Context, conn net.Conn) bool {
+		first := &firstByte{Conn: conn}
+		tls.Client(first, &tls.Config{InsecureSkipVerify: true}).HandshakeContext(ctx)
+		return first.n > 0 && (first.b == 21 || first.b == 22) // alert, handshake
+	})
 }
 
 // firstByte is a connection that remembers the first byte it read.

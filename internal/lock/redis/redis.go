@@ -1,32 +1,3 @@
-// Package redis is the redis://, rediss:// and redis+sentinel:// backend, on
-// one server, a Redis Cluster (cluster.go) or a primary found through
-// Sentinel (sentinel.go). The lock of NAME is
-// one hash, withlock:{NAME}, holding every holder's random token with the end
-// of its lease (by the server's clock), its fencing token and its record
-// (host, pid, command, when it acquired), and the lock's mode and a
-// semaphore's N (scripts.go has the layout). Every write is a script that
-// acts only for a token that is still a holder, so only a holder can renew
-// or release its own lease, and each holder's lease ends on its own.
-//
-// The script that takes a place among the holders also sets the fencing
-// token kept in withlock-fence:{NAME}: the server's clock in microseconds, or
-// one more than the last token if that is larger. Tokens therefore keep
-// growing when the server loses its data, as long as its clock does not go
-// back, in every mode. A release publishes on withlock:released:{NAME}, which
-// waiters subscribe to. An exclusive waiter kept out by shared or semaphore
-// holders sets withlock-writer:{NAME} for a few seconds at each attempt; new
-// shared and semaphore holders wait while it is there, so that a stream of
-// them cannot starve the exclusive waiter.
-//
-// Before it takes a lease, the same script refuses a replica and holds back
-// on a server that started less than ttl ago: that server may have lost,
-// with its data, a lease whose holder still runs its command (Redis's
-// "delayed restarts" advice, enforced by the client). The key
-// withlock-fresh, holding the server's run_id, says that this start of the
-// server forgot nothing (a new server), and lifts that wait.
-//
-// The keys and the channel of one name share the hash tag {NAME} (see Key),
-// so that in a Redis Cluster each name is held on one master (cluster.go).
 package redis
 
 import (
@@ -108,13 +79,6 @@ func nameOf(key string) (name string, ok bool) {
 	name, err := url.PathUnescape(t)
 	return name, err == nil && tag(name) == t
 }
-
-// markTTL is how long an exclusive waiter's mark keeps new shared and
-// semaphore holders out. The waiter renews it at every attempt, and
-// lock.Client.Acquire makes one at least every second (its slow poll behind
-// notifications), so 3s outlasts the gap between two on a busy machine;
-// the mark of a waiter that was killed outright ends by itself this soon.
-const markTTL = 3 * time.Second
 
 type backend struct {
 	// client is the single server's, or the cluster's (cluster) once
@@ -208,8 +172,8 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	}
 	ropts.DialTimeout = min(maxDial, opts.ConnectTimeout)
 	ropts.Dialer = dialer(ropts.TLSConfig, ropts.DialTimeout)
-	// Every command is bounded by its context: the wait and keep loops in
-	// package lock decide how long to wait and when to retry.
+	// Every command is bounded by its context and makes one attempt: a
+	// backend never retries (lock.Backend).
 	ropts.ContextTimeoutEnabled = true
 	ropts.MaxRetries = -1
 	// One dial per attempt: go-redis would otherwise dial up to 5 times,
@@ -272,126 +236,6 @@ func (b *backend) Close() error {
 	return b.client.Close()
 }
 
-// TryAcquire takes a place among name's holders in the client's mode: the
-// only place for an exclusive lock, one of any number for a shared one, one
-// of N for a semaphore.
-func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
-	if err := b.connect(ctx); err != nil {
-		return nil, err
-	}
-	token := lock.NewToken()
-	// Only a waiter marks: a --no-wait attempt gives up at once, and its
-	// mark would only keep shared holders out for nothing.
-	var mark int64
-	if !b.opts.NoWait {
-		mark = markTTL.Milliseconds()
-	}
-	keys := []string{Key(name), FenceKey(name), b.freshKey(name), WriterKey(name)}
-	cmd, acks, err := b.run(ctx, acquireScript, keys,
-		token, b.opts.TTL.Milliseconds(), string(b.opts.Mode), b.opts.MaxHolders, b.record, b.id, mark)
-	if err != nil {
-		if cmd.Err() == nil {
-			// The lease may be ours but WAIT did not answer: give it back
-			// if the connection still lets us.
-			releaseScript.get().Run(ctx, b.client, []string{Key(name), Channel(name)}, token, b.publish())
-		}
-		return nil, b.classifyIn(err, acquireScript, keys...)
-	}
-	reply, err := cmd.Slice()
-	if err != nil || len(reply) < 2 {
-		return nil, lock.Errorf(lock.ErrRefused, "redis at %s: unexpected reply %v to the acquire script", b.addr, reply)
-	}
-	code, _ := reply[0].(int64)
-	switch code {
-	case replyAcquired:
-		if b.marked == name {
-			b.marked = "" // the script cleared our mark
-		}
-		fence, _ := reply[1].(int64)
-		l := &lease{b: b, name: name, token: token, fence: fence}
-		if acks >= 0 && acks < int64(b.waitReplicas) {
-			l.Release(ctx)
-			return nil, lock.Errorf(lock.ErrUnavailable, "redis at %s: %d of the %d replicas that wait_replicas asks for acknowledged the lock within %s; it was given back",
-				b.addr, acks, b.waitReplicas, b.waitTimeout(ctx).Round(time.Millisecond))
-		}
-		return l, nil
-	case replyHeld:
-		left, _ := reply[1].(int64)
-		if len(reply) > 2 && reply[2] == int64(1) {
-			b.marked = name
-		}
-		return nil, lock.HeldFor(time.Duration(left) * time.Millisecond)
-	case replyOtherN:
-		n, _ := reply[1].(int64)
-		return nil, lock.Errorf(lock.ErrUsage, "%q is a semaphore of %d (--max-holders %d); this holder asked for %d", name, n, n, b.opts.MaxHolders)
-	case replyForeign:
-		kind, _ := reply[1].(string)
-		var pttl int64 = -1
-		if len(reply) > 2 {
-			pttl, _ = reply[2].(int64)
-		}
-		switch {
-		case kind == "string" && pttl >= 0:
-			// The lease of a withlock from before shared locks, which kept
-			// an exclusive holder's token in a string.
-			return nil, lock.HeldFor(time.Duration(pttl) * time.Millisecond)
-		case kind == "string":
-			// No withlock writes a key without expiry: someone else's. It
-			// is never freed by expiry, so no early retry.
-			return nil, lock.Errorf(lock.ErrHeld, "redis at %s: %s exists without an expiry; it is not a withlock lease", b.addr, Key(name))
-		}
-		return nil, lock.Errorf(lock.ErrHeld, "redis at %s: %s is a %s, not a withlock lock; it counts as held until someone deletes it", b.addr, Key(name), kind)
-	case replyTooYoung:
-		wait, _ := reply[1].(int64)
-		var up int64
-		if len(reply) > 2 {
-			up, _ = reply[2].(int64)
-		}
-		return nil, b.tooYoung(name, time.Duration(up)*time.Second, time.Duration(wait)*time.Millisecond)
-	case replyReplica:
-		role, _ := reply[1].(string)
-		if b.sentinel {
-			return nil, b.demoted("role:" + role)
-		}
-		return nil, lock.Unsafe(fmt.Sprintf("redis at %s is a replica (role:%s), where a lock excludes nobody", b.addr, role), "point withlock at the primary")
-	}
-	return nil, lock.Errorf(lock.ErrRefused, "redis at %s: unexpected reply %v to the acquire script", b.addr, reply)
-}
-
-// demoted is the error of an attempt that found a replica where Sentinel
-// had named the primary: an outage until the client learns of the new
-// primary, which the wait loop retries.
-func (b *backend) demoted(why string) error {
-	return lock.Errorf(lock.ErrUnavailable, "redis %s, as the Sentinels at %s named it, is a replica now (%s): a failover is under way", b.master, b.addr, why)
-}
-
-// tooYoung is the error of an attempt on a server that started less than
-// ttl ago. It matches lock.ErrUnsettled (and so lock.ErrHeld): Acquire
-// waits, retrying when wait has passed.
-func (b *backend) tooYoung(name string, uptime, wait time.Duration) error {
-	if !b.saidTooYoung {
-		b.saidTooYoung = true
-		b.opts.Log.Debug("redis has been up for less than the ttl and may have lost a lease still in use; waiting until its uptime reaches the ttl",
-			"lock", name, "addr", b.addr, "uptime", uptime, "ttl", b.opts.TTL, "wait", wait)
-	}
-	return unsettledError{
-		msg: fmt.Sprintf("redis at %s has been up for %s, less than --ttl (%s), so it may have lost a lease still in use; locks can be taken there in %s",
-			b.addr, uptime, b.opts.TTL, wait.Round(100*time.Millisecond)),
-		remaining: wait,
-	}
-}
-
-// unsettledError is ErrUnsettled with the time until the server can be
-// trusted, as Acquire reads it from ErrHeld errors (Remaining).
-type unsettledError struct {
-	msg       string
-	remaining time.Duration
-}
-
-func (e unsettledError) Error() string            { return e.msg }
-func (e unsettledError) Unwrap() error            { return lock.ErrUnsettled }
-func (e unsettledError) Remaining() time.Duration { return e.remaining }
-
 // run runs ls with keys and args, followed on the same connection by
 // WAIT when the URL asks for replicas, in one round trip. acks is how many
 // replicas acknowledged, or -1 without WAIT. A non-nil err with a nil
@@ -439,8 +283,10 @@ func (b *backend) run(ctx context.Context, ls *luaScript, keys []string, args ..
 // is up; this also stays below go-redis's read timeout (3s).
 const maxWait = time.Second
 
-// waitTimeout bounds WAIT: maxWait, or less when the renewal interval
-// (ttl/3) or ctx ends sooner. Never 0, which would make WAIT block for ever.
+// waitTimeout bounds WAIT: maxWait, or a third of the ttl when that is
+// shorter, so that waiting for the replicas takes a small part of the lease
+// only; and at most half of what ctx has left, so that WAIT's answer comes
+// back within ctx. Never 0, which would make WAIT block for ever.
 func (b *backend) waitTimeout(ctx context.Context) time.Duration {
 	d := min(maxWait, b.opts.TTL/3)
 	if deadline, ok := ctx.Deadline(); ok {
@@ -449,42 +295,11 @@ func (b *backend) waitTimeout(ctx context.Context) time.Duration {
 	return max(d, 10*time.Millisecond)
 }
 
-// Notify subscribes to the name's release channel: in a cluster, as a
-// sharded channel, on the master of the name's slot.
-func (b *backend) Notify(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	if err := b.connect(ctx); err != nil {
-		return nil, nil, err
-	}
-	var sub *goredis.PubSub
-	if b.cluster != nil {
-		sub = b.cluster.SSubscribe(ctx, Channel(name))
-	} else {
-		sub = b.client.Subscribe(ctx, Channel(name))
-	}
-	if _, err := sub.Receive(ctx); err != nil {
-		sub.Close()
-		return nil, nil, b.classifyIn(err, nil, Channel(name))
-	}
-	released := make(chan struct{}, 1)
-	stop := make(chan struct{})
-	go func() {
-		msgs := sub.Channel()
-		for {
-			select {
-			case <-stop:
-				return
-			case _, ok := <-msgs:
-				if !ok {
-					return
-				}
-				select {
-				case released <- struct{}{}:
-				default: // one pending wake-up is enough
-				}
-			}
-		}
-	}()
-	return released, func() { close(stop); sub.Close() }, nil
+// demoted is the error of an attempt that found a replica where Sentinel
+// had named the primary: ErrUnavailable, an outage until the client learns
+// of the new primary.
+func (b *backend) demoted(why string) error {
+	return lock.Errorf(lock.ErrUnavailable, "redis %s, as the Sentinels at %s named it, is a replica now (%s): a failover is under way", b.master, b.addr, why)
 }
 
 // transient are the prefixes of error replies that a later attempt may not
@@ -540,89 +355,8 @@ func hasAnyPrefix(s string, prefixes []string) bool {
 	return false
 }
 
-type lease struct {
-	b     *backend
-	name  string
-	token string
-	fence int64
-}
-
-func (l *lease) Token() int64 { return l.fence }
-
-// Keep renews the lease for another TTL, judged by the server's clock. With
-// wait_replicas, a renewal counts only once the replicas have it.
-func (l *lease) Keep(ctx context.Context) error {
-	cmd, acks, err := l.b.run(ctx, renewScript, []string{Key(l.name)}, l.token, l.b.opts.TTL.Milliseconds())
-	if err != nil {
-		if goredis.HasErrorPrefix(err, "READONLY") {
-			return lock.Errorf(lock.ErrLost, "redis at %s became a replica (a failover?), where the lease can no longer be renewed", l.b.addr)
-		}
-		return l.b.classifyIn(err, renewScript, Key(l.name))
-	}
-	if err := l.renewed(cmd.Val()); err != nil {
-		return err
-	}
-	if acks >= 0 && acks < int64(l.b.waitReplicas) {
-		return lock.Errorf(lock.ErrUnavailable, "redis at %s: %d of the %d replicas that wait_replicas asks for acknowledged the renewal", l.b.addr, acks, l.b.waitReplicas)
-	}
-	return nil
-}
-
-// Release deletes this holder's place. It frees the lock even when the user
-// may not publish the release to the waiters: they poll.
-func (l *lease) Release(ctx context.Context) error {
-	reply, err := releaseScript.get().Run(ctx, l.b.client, []string{Key(l.name), Channel(l.name)}, l.token, l.b.publish()).Result()
-	if err != nil {
-		return l.b.classifyIn(err, releaseScript, Key(l.name), Channel(l.name))
-	}
-	switch r := reply.(type) {
-	case int64:
-		if r == 0 {
-			return lock.Errorf(lock.ErrNotOurs, "redis: the lease was no longer ours at release")
-		}
-		return nil
-	case []any:
-		if len(r) == 2 && r[0] == int64(2) {
-			l.b.opts.Log.Debug("released; the waiters were not told, and find out at their next poll", "lock", l.name, "publish", r[1])
-			return nil
-		}
-	}
-	return l.b.unexpected("release", reply)
-}
-
-// ReleaseAt lets the lease run out at until instead of deleting it now. The
-// server's clock decides, so the time left is sent, not the time of day.
-func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
-	left := time.Until(until)
-	reply, err := renewScript.get().Run(ctx, l.b.client, []string{Key(l.name)}, l.token, left.Milliseconds()).Result()
-	if err != nil {
-		return l.b.classifyIn(err, renewScript, Key(l.name))
-	}
-	if err := l.renewed(reply); err != nil {
-		return lock.Errorf(lock.ErrNotOurs, "redis: the lease was no longer ours at release: %v", err)
-	}
-	return nil
-}
-
-// renewed sorts the reply of the renew script: nil when it renewed,
-// ErrLost when the lease is no longer ours, saying why it may be gone.
-func (l *lease) renewed(reply any) error {
-	switch r := reply.(type) {
-	case int64:
-		switch r {
-		case 1:
-			return nil
-		case -1:
-			return lock.Errorf(lock.ErrLost, "redis at %s became a replica (a failover?), where the lease can no longer be renewed", l.b.addr)
-		}
-	case []any:
-		if len(r) == 2 {
-			// An evicted lease is one that another may have taken.
-			return lock.Errorf(lock.ErrLost, "the lease key %s is gone: redis at %s evicts keys when full (maxmemory-policy %v), which may be why; set noeviction", Key(l.name), l.b.addr, r[1])
-		}
-		if len(r) == 1 {
-			return lock.Errorf(lock.ErrLost, "the lease key %s expired, was deleted or was taken by another holder", Key(l.name))
-		}
-	}
-	return l.b.unexpected("renew", reply)
+// unexpected is the error (ErrRefused) of a reply that the script named
+// script never gives.
+func (b *backend) unexpected(script string, reply any) error {
+	return lock.Errorf(lock.ErrRefused, "redis at %s: unexpected reply %v to the %s script", b.addr, reply, script)
 }
