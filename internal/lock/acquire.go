@@ -55,7 +55,7 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 		released         <-chan struct{} // from the Notifier, once subscribed
 	)
 	for {
-		sent := time.Now()
+		sent := opts.clock.now()
 		var lease Lease
 		var err error
 		// A Waiter first tries once too, so that a free lock is taken in one
@@ -66,11 +66,12 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 		} else {
 			lease, err = b.TryAcquire(ctx, name)
 		}
-		if err == nil && !waited && time.Since(sent) >= opts.TTL-opts.Grace {
+		if took := sent.to(opts.clock.now()); err == nil && !waited && took >= opts.TTL-opts.Grace {
 			// The answer came so late that the lease could run out before
 			// the command could be stopped: the keep loop would give it up
 			// at once. Give it back and try again, as after an outage.
-			took := time.Since(sent)
+			// Judged on the boot clock too: a host suspended while the
+			// attempt was in flight finds a lease that ran out meanwhile.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 			lease.Release(rctx)
 			cancel()
@@ -88,9 +89,15 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 			// waited runs from its last renewal (Renewed).
 			confirmed := sent
 			if waited {
-				confirmed = time.Now()
+				confirmed = opts.clock.now()
 				if r, ok := lease.(Renewed); ok {
-					confirmed = r.RenewedAt()
+					// The renewal's boot reading is inferred from the
+					// monotonic time since: a suspend between the renewal
+					// and the grant's arrival is not counted, and is left
+					// to the next renewal, which a lease that ran out
+					// meanwhile fails.
+					at := r.RenewedAt()
+					confirmed = instant{mono: at, boot: confirmed.boot - confirmed.mono.Sub(at)}
 				}
 			}
 			return newHeld(name, lease, confirmed, opts), nil
@@ -157,7 +164,7 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 				// already: waiting in the server is the poll. Ask again at
 				// once (MySQL re-issues GET_LOCK), so that the waiter is
 				// never away from the server's queue.
-				pause = max(pause-time.Since(sent), 0)
+				pause = max(pause-time.Since(sent.mono), 0)
 			}
 		case errors.Is(err, ErrUnavailable):
 			now := time.Now()
