@@ -208,9 +208,11 @@ func (h *Held) guardKeep(ctx context.Context, cancel context.CancelFunc, from in
 	cut := make(chan bool, 1)
 	go func() {
 		h.waitUntil(ctx, nil, from, life, slice)
-		// Past the deadline with ctx still alive: the boot clock got
-		// there first.
-		c := ctx.Err() == nil
+		// Past the deadline on the boot clock alone. On the monotonic
+		// clock too, ctx's own deadline has ended the Keep, or is about
+		// to: a Keep that ran out of time, not a suspend.
+		now := h.opts.clock.now()
+		c := ctx.Err() == nil && now.mono.Sub(from.mono) < life
 		if c {
 			cancel()
 		}

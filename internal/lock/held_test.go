@@ -653,3 +653,15 @@ func TestSuspendedDuringKeep(t *testing.T) {
 		t.Errorf("Keep called %d times; want none after the one cut short", n)
 	}
 }
+
+// TestKeepRunsOutOfTime: a Keep that hangs to its deadline, on a host that
+// was not suspended, is a check that went unanswered, not a suspend.
+func TestKeepRunsOutOfTime(t *testing.T) {
+	t.Parallel()
+	l := stuckLease{&fakeLease{}, make(chan struct{}, 1)}
+	h := hold(t, l, lock.Options{TTL: 600 * time.Millisecond, Grace: 200 * time.Millisecond})
+	waitLost(t, h)
+	if err := h.Err(); !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "last error: context deadline exceeded") {
+		t.Errorf("Err: %v; want an error matching lock.ErrLost that gives the Keep's timeout as the last error", err)
+	}
+}
