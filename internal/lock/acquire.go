@@ -51,7 +51,7 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 		released         <-chan struct{} // from the Notifier, once subscribed
 	)
 	for {
-		sent := time.Now()
+		sent := opts.clock.now()
 		var lease Lease
 		var err error
 		// A single attempt's lease began no earlier than the attempt was
@@ -61,19 +61,21 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 		// from the start of the wait would give up a long waiter's lock the
 		// moment it got it.
 		confirmed := sent
+		var countsFrom time.Time // a Waiter's, on the monotonic clock
 		// A Waiter first tries once too, so that a free lock is taken in one
 		// round trip and a held one is said to be (-v shows the wait).
 		waited := canWait && !opts.NoWait && saidWaiting
 		if waited {
-			lease, confirmed, err = waiter.Acquire(ctx, name)
+			lease, countsFrom, err = waiter.Acquire(ctx, name)
 		} else {
 			lease, err = b.TryAcquire(ctx, name)
 		}
-		if err == nil && !waited && time.Since(sent) >= opts.TTL-opts.Grace {
+		if took := sent.to(opts.clock.now()); err == nil && !waited && took >= opts.TTL-opts.Grace {
 			// The answer came so late that the lease could run out before
 			// the command could be stopped: the keep loop would give it up
 			// at once. Give it back and try again, as after an outage.
-			took := time.Since(sent)
+			// Judged on the boot clock too: a host suspended while the
+			// attempt was in flight finds a lease that ran out meanwhile.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 			lease.Release(rctx)
 			cancel()
@@ -82,6 +84,15 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 		}
 		if err == nil {
 			log.Debug("acquired", "took", since(start))
+			if waited {
+				// The boot clock's reading at countsFrom is inferred from
+				// the monotonic time since: a suspend between a waiter's
+				// last renewal and the grant's arrival is not counted, and
+				// is left to the next renewal, which a lease that ran out
+				// meanwhile fails.
+				now := opts.clock.now()
+				confirmed = instant{mono: countsFrom, boot: now.boot - now.mono.Sub(countsFrom)}
+			}
 			return newHeld(name, lease, confirmed, opts), nil
 		}
 		if ctx.Err() != nil {
@@ -146,7 +157,7 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 				// already: waiting in the server is the poll. Ask again at
 				// once, so that the waiter is never away from the server's
 				// queue.
-				pause = max(pause-time.Since(sent), 0)
+				pause = max(pause-time.Since(sent.mono), 0)
 			}
 		case errors.Is(err, ErrUnavailable):
 			now := time.Now()

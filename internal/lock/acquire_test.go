@@ -658,3 +658,29 @@ func TestLateGrantGivenBack(t *testing.T) {
 		t.Errorf("the late lease was released %d times; want 1", n)
 	}
 }
+
+// TestSuspendedDuringAttempt: a lease granted to an attempt during which
+// the host slept past TTL-Grace may have run out already: it is given back
+// and the lock taken again, not handed to the keep loop to give up.
+func TestSuspendedDuringAttempt(t *testing.T) {
+	t.Parallel()
+	clk := &lock.TestClock{}
+	l := &fakeLease{}
+	b := &script{lease: l, answer: func(n int) error {
+		if n == 0 {
+			clk.Suspend(time.Minute)
+		}
+		return nil
+	}}
+	h, err := acquire(t, testCtx(t), b, lock.WithClock(lock.Options{TTL: 30 * time.Second, Grace: time.Second}, clk))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if n := b.calls.Load(); n != 2 {
+		t.Errorf("%d attempts; want the lease granted across a suspend given back, and a second attempt", n)
+	}
+	if n := l.releases.Load(); n != 1 {
+		t.Errorf("the lease was released %d times during Acquire; want the late one given back", n)
+	}
+	mustNotBeLost(t, h)
+}

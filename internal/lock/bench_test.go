@@ -23,3 +23,11 @@ func BenchmarkCheckName(b *testing.B) {
 		lock.CheckName("dbmigration")
 	}
 }
+
+// BenchmarkReadClock is what the keep loop adds to every slice of its wait,
+// besides resetting its timer: one reading of the monotonic and boot clocks.
+func BenchmarkReadClock(b *testing.B) {
+	for b.Loop() {
+		lock.ReadClock()
+	}
+}

@@ -31,6 +31,7 @@ type Held struct {
 	opts       Options
 	log        *slog.Logger
 	acquiredAt time.Time
+	acquired   instant // acquiredAt on both clocks
 
 	lost    chan struct{} // closed when the lock is given up for lost
 	lostErr error         // why; written before lost is closed
@@ -51,7 +52,7 @@ type Held struct {
 }
 
 // newHeld starts keeping lease, last confirmed at confirmed.
-func newHeld(name string, lease Lease, confirmed time.Time, opts Options) *Held {
+func newHeld(name string, lease Lease, confirmed instant, opts Options) *Held {
 	keepCtx, abort := context.WithCancel(context.Background())
 	waitCtx, stop := context.WithCancel(keepCtx)
 	h := &Held{
@@ -59,7 +60,8 @@ func newHeld(name string, lease Lease, confirmed time.Time, opts Options) *Held 
 		lease:       lease,
 		opts:        opts,
 		log:         opts.Log.With("lock", name),
-		acquiredAt:  confirmed,
+		acquiredAt:  confirmed.mono,
+		acquired:    confirmed,
 		lost:        make(chan struct{}),
 		stopKeeping: stop,
 		abortKeep:   abort,
@@ -85,8 +87,9 @@ func (h *Held) Token() (int64, bool) {
 
 // Lost is closed when the lock is known lost (an error wrapping ErrLost from
 // the backend) or can no longer be vouched for: no Keep has succeeded for
-// TTL-Grace, measured on this process's monotonic clock from when the last
-// successful Keep was sent (or from AcquiredAt). Once Release has been
+// TTL-Grace, measured from when the last successful Keep was sent (or from
+// AcquiredAt) on this process's monotonic clock or, where it moved more
+// (the host was suspended), on the boot clock. Once Release has been
 // called it closes only if a Keep already in flight finds the lock gone;
 // Release then does not release it again.
 func (h *Held) Lost() <-chan struct{} { return h.lost }
@@ -101,57 +104,81 @@ func (h *Held) Err() error {
 	}
 }
 
+// keepSlice is the longest the keep loop waits without looking at the
+// clocks. A Go timer counts on the monotonic clock, which stops while the
+// host is suspended: after it wakes, a timer still waits out what was left
+// of it, and a host that slept past its lease would run its command beside
+// the lock's new holder until then. Judging the lease on both clocks at the
+// end of every slice bounds that to one slice after waking. A second is
+// short beside the default grace (5s) and costs one timer wake-up a second;
+// under a grace shorter than 4s, a quarter of it, so that a host that wakes
+// just before its deadline still renews, or gives up, with most of its
+// grace ahead. Never below 10ms, which would only spin.
+func keepSlice(grace time.Duration) time.Duration {
+	return max(min(time.Second, grace/4), 10*time.Millisecond)
+}
+
 // keep is the single loop that keeps the lock: Keep every TTL/3 (a little
 // sooner, at random, so that holders that took a shared lock or semaphore
 // together do not renew at the same moment and race for the same write),
 // sooner still after a failure, and give the lock up once it cannot be
-// vouched for.
+// vouched for. Time is counted from the last confirmation on whichever of
+// the monotonic and boot clocks moved more (instant.to), so that a host
+// that slept renews as soon as it wakes, or gives up if it slept too long.
 // waitCtx ends when Release stops the loop; keepCtx, its parent, only when
 // Release gives up waiting for a Keep in flight.
 func (h *Held) keep(waitCtx, keepCtx context.Context) {
 	defer close(h.keeperDone)
+	clk := h.opts.clock
 	interval := h.opts.TTL / 3
+	life := h.opts.TTL - h.opts.Grace // how long a confirmation vouches for the lock
 	retry := max(interval/5, 100*time.Millisecond)
-	lastOK := h.acquiredAt
-	next := lastOK.Add(interval - rand.N(interval/4+1))
+	slice := keepSlice(h.opts.Grace)
+	lastOK := h.acquired
+	next := interval - rand.N(interval/4+1) // the next Keep, counted from lastOK
 	var lastErr error
 	watcher, _ := h.lease.(Watcher)
 	for {
-		deadline := lastOK.Add(h.opts.TTL - h.opts.Grace)
-		wake := next
-		if deadline.Before(wake) {
-			wake = deadline
-		}
-		if err := h.waitUntil(waitCtx, watcher, wake); err != nil {
+		if err := h.waitUntil(waitCtx, watcher, lastOK, min(next, life), slice); err != nil {
 			h.giveUp(err)
 			return
 		}
 		if waitCtx.Err() != nil {
 			return
 		}
-		if now := time.Now(); !now.Before(deadline) {
+		now := clk.now()
+		ran := lastOK.to(now)
+		if ran >= life {
 			if lastErr == nil {
 				// No check failed: none was even tried. This process
 				// did not run from its last confirmation to past the
 				// deadline (stopped, a VM paused, a laptop asleep),
 				// and the lock may be someone else's by now. Giving
 				// up here, before any write, leaves a new holder be.
-				h.giveUp(Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", (h.opts.TTL - h.opts.Grace).Round(time.Millisecond), now.Sub(lastOK).Round(time.Millisecond)))
+				h.giveUp(Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", life.Round(time.Millisecond), ran.Round(time.Millisecond)))
 				return
 			}
 			h.unanswered = true
-			h.giveUp(Errorf(ErrLost, "could not confirm it for %s (last error: %v)", (h.opts.TTL - h.opts.Grace).Round(time.Millisecond), lastErr))
+			h.giveUp(Errorf(ErrLost, "could not confirm it for %s (last error: %v)", life.Round(time.Millisecond), lastErr))
 			return
 		}
-		sent := time.Now()
-		kctx, cancel := context.WithDeadline(keepCtx, deadline)
+		kctx, cancel := context.WithTimeout(keepCtx, life-ran)
+		suspended := h.guardKeep(kctx, cancel, lastOK, life, slice)
 		err := h.lease.Keep(kctx)
 		cancel()
+		if suspended() && !errors.Is(err, ErrLost) {
+			// The host slept past the deadline while the Keep was in
+			// flight. The Keep may have been applied before it slept, so
+			// the lease may still be ours: Release tries once.
+			h.unanswered = true
+			h.giveUp(Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", life.Round(time.Millisecond), lastOK.to(clk.now()).Round(time.Millisecond)))
+			return
+		}
 		switch {
 		case err == nil:
-			h.log.Debug("kept", "took", since(sent))
-			lastOK, lastErr = sent, nil
-			next = sent.Add(interval - rand.N(interval/4+1))
+			h.log.Debug("kept", "took", since(now.mono))
+			lastOK, lastErr = now, nil
+			next = interval - rand.N(interval/4+1)
 		case errors.Is(err, ErrLost):
 			h.giveUp(err)
 			return
@@ -161,34 +188,91 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 			h.log.Warn("could not confirm the lock; retrying", "err", err)
 			// A Keep cut short by the deadline says only that time ran
 			// out; the error before it says why the checks failed.
-			if lastErr == nil || time.Now().Before(deadline) {
+			ran := lastOK.to(clk.now())
+			if lastErr == nil || ran < life {
 				lastErr = err
 			}
-			next = time.Now().Add(retry)
+			next = ran + retry
 		}
 	}
 }
 
-// waitUntil sleeps until t or until ctx ends, watching the lease meanwhile
-// where it can watch itself (a Watch is cut off when Release begins; the
-// Watcher contract says that leaves the lease usable). It returns only a
-// loss or a backend failure.
-func (h *Held) waitUntil(ctx context.Context, w Watcher, t time.Time) error {
-	wctx, cancel := context.WithDeadline(ctx, t)
-	defer cancel()
-	if w != nil {
-		err := w.Watch(wctx)
-		if err == nil || wctx.Err() != nil {
-			return nil
+// guardKeep cuts the Keep under ctx short (cancel) once the deadline,
+// life after from, has passed on the boot clock while it was in flight:
+// ctx's own deadline is on the monotonic clock, which a suspend stops, and
+// a Keep stuck on a network that changed while the host slept would
+// otherwise run on, and the command with it, for up to TTL-Grace after
+// waking. The returned func, called once ctx has ended, says whether it
+// did.
+func (h *Held) guardKeep(ctx context.Context, cancel context.CancelFunc, from instant, life, slice time.Duration) (suspended func() bool) {
+	cut := make(chan bool, 1)
+	go func() {
+		h.waitUntil(ctx, nil, from, life, slice)
+		// Past the deadline on the boot clock alone. On the monotonic
+		// clock too, ctx's own deadline has ended the Keep, or is about
+		// to: a Keep that ran out of time, not a suspend.
+		now := h.opts.clock.now()
+		c := ctx.Err() == nil && now.mono.Sub(from.mono) < life
+		if c {
+			cancel()
 		}
-		if errors.Is(err, ErrLost) {
-			return err
-		}
-		// The watch failed but the lock may be fine: the next Keep decides.
-		h.log.Debug("watch failed", "err", err)
+		cut <- c
+	}()
+	return func() bool { return <-cut }
+}
+
+// waitUntil sleeps until due has passed since from (on either clock) or
+// until ctx ends, looking at the clocks every slice, and watching the lease
+// meanwhile where it can watch itself. The Watch runs once for the whole
+// wait, beside the slices, not once per slice: restarting it costs no round
+// trip, but cuts a read on the PostgreSQL or MySQL connection short and
+// sets it up again (deadlines, buffers) every slice. It is cut off
+// when the wait ends (and when Release begins), and waitUntil returns only
+// once it has returned, so the connection is free for the Keep or the
+// release that follows (the Watcher contract says a Watch cut off leaves
+// the lease usable). It returns only a loss or a backend failure.
+func (h *Held) waitUntil(ctx context.Context, w Watcher, from instant, due, slice time.Duration) error {
+	left := due - from.to(h.opts.clock.now())
+	if left <= 0 {
+		return nil
 	}
-	<-wctx.Done()
-	return nil
+	var watched chan error
+	if w != nil {
+		wctx, cancel := context.WithCancel(ctx)
+		watched = make(chan error, 1)
+		go func() { watched <- w.Watch(wctx) }()
+		defer func() {
+			cancel()
+			if watched != nil {
+				<-watched
+			}
+		}()
+	}
+	t := time.NewTimer(min(left, slice))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-watched:
+			watched = nil
+			switch {
+			case err == nil || ctx.Err() != nil:
+			case errors.Is(err, ErrLost):
+				return err
+			default:
+				// The watch failed but the lock may be fine: the next
+				// Keep decides.
+				h.log.Debug("watch failed", "err", err)
+			}
+		case <-t.C:
+			left = due - from.to(h.opts.clock.now())
+			if left <= 0 {
+				return nil
+			}
+			t.Reset(min(left, slice))
+		}
+	}
 }
 
 func (h *Held) giveUp(err error) {
@@ -212,6 +296,11 @@ func (h *Held) Release(ctx context.Context) error {
 }
 
 func (h *Held) release(ctx context.Context) error {
+	// HoldAtLeast is counted on the monotonic clock alone, unlike the
+	// lease's life: a host suspended meanwhile holds on longer than asked
+	// (or leaves a lingering lease to end later), which delays the next
+	// holder but never lets two hold at once, and the keep loop still gives
+	// the lock up if the suspend outlasted the lease.
 	until := h.acquiredAt.Add(h.opts.HoldAtLeast)
 	expiring, canLinger := h.lease.(Expiring)
 	if h.opts.HoldAtLeast > 0 && !canLinger && time.Now().Before(until) {

@@ -447,3 +447,224 @@ func TestHoldAtLeastKeepsChecking(t *testing.T) {
 		t.Errorf("the lease was released %d times, want 1", n)
 	}
 }
+
+// soon bounds how long after waking a holder may take to act, in tests
+// whose next Keep is 7.5s or more away: a loop that judged the lease only
+// when its renewal timer fired would take that long; the keep loop looks
+// at the clocks every slice (250ms under a grace of 1s), and a busy machine
+// gets the rest.
+const soon = 5 * time.Second
+
+// waitSlice waits until the keep loop has looked at clk again at the end
+// of a slice (so that it is well into a wait, with a timer set on the
+// monotonic clock, when the test moves clk).
+func waitSlice(t *testing.T, clk *lock.TestClock) {
+	t.Helper()
+	// Acquire reads the clock twice, the keep loop once on entering its
+	// wait, and once at the end of each slice.
+	deadline := time.Now().Add(long)
+	for clk.Reads() < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the keep loop did not look at the clock for %v", long)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestLostWhenSuspendedPastLease: a host that slept past its lease (the
+// boot clock jumped, the monotonic clock did not) gives the lock up within
+// a slice of waking, before any Keep, and says why.
+func TestLostWhenSuspendedPastLease(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		lease func(*fakeLease) lock.Lease
+	}{
+		{"lease", func(l *fakeLease) lock.Lease { return l }},
+		{"watched", func(l *fakeLease) lock.Lease { return watchingLease{l, make(chan struct{})} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			l := &fakeLease{}
+			clk := &lock.TestClock{}
+			// A Keep every 10s or a little sooner; TTL-Grace is 29s.
+			h := hold(t, tc.lease(l), lock.WithClock(lock.Options{TTL: 30 * time.Second, Grace: time.Second}, clk))
+			waitSlice(t, clk)
+			mustNotBeLost(t, h)
+			clk.Suspend(time.Minute)
+			woke := time.Now()
+			select {
+			case <-h.Lost():
+			case <-time.After(soon):
+				t.Fatalf("Lost not closed %v after waking from a suspend twice the ttl", soon)
+			}
+			t.Logf("lost %v after waking", time.Since(woke))
+			err := h.Err()
+			if !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "stopped or suspended?") {
+				t.Errorf("Err: %v; want an error matching lock.ErrLost that says withlock was suspended", err)
+			}
+			if n := l.keeps.Load(); n != 0 {
+				t.Errorf("Keep called %d times; want the lock given up before any renewal after the deadline", n)
+			}
+			if err := h.Release(testCtx(t)); err != nil {
+				t.Errorf("Release after loss: %v", err)
+			}
+			if n := l.releases.Load(); n != 0 {
+				t.Errorf("the lease was released %d times; a lease that may be someone else's by now is left alone", n)
+			}
+		})
+	}
+}
+
+// TestSuspendedBrieflyRenews: a host that slept past its renewal but not
+// past TTL-Grace renews as soon as it wakes and keeps the lock.
+func TestSuspendedBrieflyRenews(t *testing.T) {
+	t.Parallel()
+	l := &fakeLease{kept: make(chan time.Time, 100)}
+	clk := &lock.TestClock{}
+	h := hold(t, l, lock.WithClock(lock.Options{TTL: 30 * time.Second, Grace: time.Second}, clk))
+	waitSlice(t, clk)
+	// Past the renewal (10s at the latest), 14s short of TTL-Grace.
+	clk.Suspend(15 * time.Second)
+	woke := time.Now()
+	select {
+	case k := <-l.kept:
+		t.Logf("kept %v after waking", k.Sub(woke))
+	case <-h.Lost():
+		t.Fatalf("lost after a suspend shorter than ttl - grace: %v", h.Err())
+	case <-time.After(soon):
+		t.Fatalf("no Keep %v after waking past the renewal", soon)
+	}
+	mustNotBeLost(t, h)
+}
+
+// TestLostWhenStopped: a process that did not run past TTL-Grace while its
+// host did (SIGSTOP: both clocks moved) gives the lock up within a slice,
+// before any Keep, as it does after a suspend.
+func TestLostWhenStopped(t *testing.T) {
+	t.Parallel()
+	l := &fakeLease{}
+	clk := &lock.TestClock{}
+	h := hold(t, l, lock.WithClock(lock.Options{TTL: 30 * time.Second, Grace: time.Second}, clk))
+	waitSlice(t, clk)
+	clk.Stop(time.Minute)
+	select {
+	case <-h.Lost():
+	case <-time.After(soon):
+		t.Fatalf("Lost not closed %v after being stopped for twice the ttl", soon)
+	}
+	if err := h.Err(); !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "did not run for 1m0") {
+		t.Errorf("Err: %v; want an error matching lock.ErrLost that says how long withlock did not run", err)
+	}
+	if n := l.keeps.Load(); n != 0 {
+		t.Errorf("Keep called %d times; want the lock given up before any renewal after the deadline", n)
+	}
+}
+
+// countingWatcher is a Watcher that counts its Watches and checks that no
+// Keep runs while one is in flight (both use the same connection).
+type countingWatcher struct {
+	*fakeLease
+	watches, watching atomic.Int32
+	overlapped        atomic.Bool
+}
+
+func (l *countingWatcher) Watch(ctx context.Context) error {
+	l.watches.Add(1)
+	l.watching.Add(1)
+	defer l.watching.Add(-1)
+	<-ctx.Done()
+	return nil
+}
+
+func (l *countingWatcher) Keep(ctx context.Context) error {
+	if l.watching.Load() != 0 {
+		l.overlapped.Store(true)
+	}
+	return l.fakeLease.Keep(ctx)
+}
+
+// TestWatchSpansSlices: a Watch lasts from one Keep to the next, however
+// many slices the wait is cut into, and has returned before the Keep.
+func TestWatchSpansSlices(t *testing.T) {
+	t.Parallel()
+	l := &countingWatcher{fakeLease: &fakeLease{kept: make(chan time.Time, 100)}}
+	// Slices of 25ms (a quarter of the grace), a Keep every 225-300ms.
+	h := hold(t, l, lock.Options{TTL: 900 * time.Millisecond, Grace: 100 * time.Millisecond})
+	for i := range 3 {
+		select {
+		case <-l.kept:
+		case <-h.Lost():
+			t.Fatalf("lost after %d Keeps: %v", i, h.Err())
+		case <-time.After(long):
+			t.Fatalf("no Keep %d after %v", i+1, long)
+		}
+	}
+	// One Watch before each Keep, and one under way; at most one more if
+	// the loop has begun its next wait since.
+	if n := l.watches.Load(); n < 3 || n > 5 {
+		t.Errorf("%d Watches for 3 Keeps; want one per wait, not one per slice", n)
+	}
+	if l.overlapped.Load() {
+		t.Errorf("a Keep ran while a Watch was in flight on the same lease")
+	}
+}
+
+// stuckLease is a Lease whose Keeps, from the first on, block until their
+// context ends (a network that changed while the host slept), after
+// saying so on inKeep.
+type stuckLease struct {
+	*fakeLease
+	inKeep chan struct{}
+}
+
+func (l stuckLease) Keep(ctx context.Context) error {
+	l.keeps.Add(1)
+	l.inKeep <- struct{}{}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestSuspendedDuringKeep: a Keep in flight when the host slept past the
+// lease is cut short within a slice of waking, not left to run to its own
+// deadline on the monotonic clock (14s here), and the lock is given up.
+func TestSuspendedDuringKeep(t *testing.T) {
+	t.Parallel()
+	l := stuckLease{&fakeLease{}, make(chan struct{}, 1)}
+	clk := &lock.TestClock{}
+	h := hold(t, l, lock.WithClock(lock.Options{TTL: 30 * time.Second, Grace: time.Second}, clk))
+	waitSlice(t, clk)
+	// Past the renewal: the Keep begins at once, 14s short of TTL-Grace.
+	clk.Suspend(15 * time.Second)
+	select {
+	case <-l.inKeep:
+	case <-time.After(long):
+		t.Fatalf("no Keep %v after waking past the renewal", long)
+	}
+	clk.Suspend(time.Minute)
+	woke := time.Now()
+	select {
+	case <-h.Lost():
+	case <-time.After(soon):
+		t.Fatalf("Lost not closed %v after waking, mid-Keep, from a suspend twice the ttl", soon)
+	}
+	t.Logf("lost %v after waking", time.Since(woke))
+	if err := h.Err(); !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "stopped or suspended?") {
+		t.Errorf("Err: %v; want an error matching lock.ErrLost that says withlock was suspended", err)
+	}
+	if n := l.keeps.Load(); n != 1 {
+		t.Errorf("Keep called %d times; want none after the one cut short", n)
+	}
+}
+
+// TestKeepRunsOutOfTime: a Keep that hangs to its deadline, on a host that
+// was not suspended, is a check that went unanswered, not a suspend.
+func TestKeepRunsOutOfTime(t *testing.T) {
+	t.Parallel()
+	l := stuckLease{&fakeLease{}, make(chan struct{}, 1)}
+	h := hold(t, l, lock.Options{TTL: 600 * time.Millisecond, Grace: 200 * time.Millisecond})
+	waitLost(t, h)
+	if err := h.Err(); !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "last error: context deadline exceeded") {
+		t.Errorf("Err: %v; want an error matching lock.ErrLost that gives the Keep's timeout as the last error", err)
+	}
+}

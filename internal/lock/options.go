@@ -60,6 +60,10 @@ type Options struct {
 	// Log receives Debug lines about each step and Warn lines about
 	// trouble that does not end the lock. Nil discards them.
 	Log *slog.Logger
+
+	// clock is what the loops judge a lease's life by; nil means the
+	// system's (tests give a clock of their own).
+	clock clock
 }
 
 func (o Options) withDefaults() Options {
@@ -77,6 +81,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.clock == nil {
+		o.clock = systemClock{}
 	}
 	return o
 }
