@@ -30,9 +30,9 @@ import (
 // detectSQL reads all of it, with no privilege, in result sets of (name,
 // value) rows. It runs after GET_LOCK in the same packet (lockSQL), so a
 // lock granted after a wait is checked before it is used; alone, it is
-// Detect. SHOW GLOBAL STATUS costs the server about half a millisecond,
-// ten times the rest of the packet, so it runs on the first packet of a
-// connection and, on a Galera node, on every one; elsewhere later packets
+// Detect. SHOW GLOBAL STATUS costs the server more than the rest of the
+// packet, so it runs on the first packet of a connection and, on a Galera
+// node, on every one; elsewhere later packets
 // read only read_only (readOnlySQL), since the provider is loaded at
 // start-up (wsrep_provider is not dynamic) and a restart ends the session.
 const (
@@ -70,7 +70,8 @@ func (b *backend) recheckSQL() string {
 }
 
 // Detect reads what the server of c says of itself (see Server). It needs
-// no privilege; a future check of the backend calls it as acquisition does.
+// no privilege; status and withlock check (Findings) call it as
+// acquisition does.
 func Detect(ctx context.Context, c *sql.Conn) (Server, error) {
 	rows, err := c.QueryContext(ctx, detectSQL)
 	if err != nil {

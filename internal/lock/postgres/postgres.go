@@ -1,10 +1,3 @@
-// Package postgres is the postgres:// backend: a session advisory lock,
-// pg_advisory_lock(k1, k2), on one dedicated connection. The lock lives
-// exactly as long as that session, so PostgreSQL frees it whenever withlock
-// or its connection dies; there is no lease to renew. Shared locks are
-// pg_advisory_lock_shared on the same keys; a semaphore adds a slot lock
-// (semaphore.go). What the session shows of its holder is in record.go;
-// status and release --force in status.go.
 package postgres
 
 import (
@@ -18,9 +11,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unicode"
@@ -194,12 +185,12 @@ const cancelWait = time.Second
 //
 // Unlike pgx's own handler, it lets the server close the cancel request's
 // connection, as libpq does, instead of closing it as soon as the
-// statement returns: PgBouncer 1.18 (Debian 12's) crashes when a client
-// closes that connection before PgBouncer has passed the request on
-// (pgbouncer/pgbouncer#801). Nor does it wait 100ms more, as pgx's does, lest
-// the cancel hit the next statement: a cancelled wait drops its
-// connection, and in the race where the lock was granted anyway, a late
-// cancel can only fail one later statement, which is retried or warned of.
+// statement returns: PgBouncer 1.18 crashes when a client closes that
+// connection before PgBouncer has passed the request on. Nor does it wait
+// 100ms more, as pgx's does, lest the cancel hit the next statement: a
+// cancelled wait drops its connection, and in the race where the lock was
+// granted anyway, a late cancel can only fail one later statement, which
+// is retried or warned of.
 type ctxHandler struct {
 	conn           *pgconn.PgConn
 	cancelOnServer *atomic.Bool
@@ -282,8 +273,9 @@ func (b *backend) connect(ctx context.Context, name string) (*pgx.Conn, error) {
 //     off: a role or database that carries them (ALTER ROLE app SET
 //     statement_timeout = '30s') would otherwise end a wait for the lock
 //     after that long, and cancel a holder's checks. withlock bounds its own
-//     waits (--timeout) and checks (the keep loop's deadlines), and sets
-//     idle_session_timeout itself once it holds the lock (boundSQL).
+//     waits (--timeout) and checks (each Keep runs within its ctx's
+//     deadline), and sets idle_session_timeout itself once it holds the
+//     lock (boundSQL).
 //     transaction_timeout (PostgreSQL 17) cannot go here, since an older
 //     server refuses a setting it does not know: lockSQL turns it off.
 //   - search_path pinned to pg_catalog: with a path that names a schema
@@ -347,279 +339,17 @@ func (b *backend) Close() error {
 	return b.conn.Close(ctx)
 }
 
-func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
-	return b.take(ctx, name, false)
-}
-
-// Acquire waits in pg_advisory_lock (or pg_advisory_lock_shared), so that
-// PostgreSQL hands the lock over the moment its holder lets go, in the
-// order the requests came. A semaphore's waiter waits as acquireSlot says.
-// The session holds the lock from the grant on, and the grant's answer has
-// just arrived: the lock's life counts from then.
-func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, time.Time, error) {
-	var l lock.Lease
-	var err error
-	if b.opts.Mode == lock.Semaphore {
-		l, err = b.acquireSlot(ctx, name)
-	} else {
-		l, err = b.take(ctx, name, true)
-	}
-	return l, time.Now(), err
-}
-
-// lockSQL takes NAME's keys ($1, $2), in the same statement that checks
-// that the session can hold a lock for everyone, so that the checks cost
-// no round trip:
-//
-//   - a hot standby grants advisory locks, but only on itself;
-//   - a fresh session holds no advisory lock, and carries no other
-//     connection's mark: each connection marks its server session with a
-//     token of its own ($3, the setting withlock.session). Behind a pooler
-//     in transaction mode, clients take turns on the same server sessions,
-//     and a session lock taken in one is granted again (re-entrantly) to
-//     whichever client's statement lands there next. A session-mode pooler
-//     resets a server session (DISCARD ALL) before handing it to the next
-//     client, which clears both;
-//   - the server process is one of $4: on a new connection, the one that
-//     answered it (its pid from BackendKeyData). Poolers answer connections
-//     themselves, with a pid of their own; see take.
-//
-// It also turns transaction_timeout (PostgreSQL 17) off before it takes
-// the lock (see sessionSettings): set inside the transaction it would end,
-// the setting stops that transaction's timer too; a wait it still ended
-// would be waited again (waitCut).
-//
-// Otherwise it takes nothing and returns a null lock column. It marks the
-// session either way, so that a holder whose session another client used
-// learns of it at its next check. "offset 0" keeps each subquery from being
-// merged into the one around it, so that the checks read the session before
-// the lock and the mark change it, and the time is read after the lock is
-// granted. These checks are the same in every mode; %[1]s is the mode's lock.
-//
-// Its first value is the holder's record ($5; see record.go), so that
-// pg_stat_activity shows it from the moment the statement starts. Columns:
-// the record, pid, standby, why the session is shared (or null), the lock
-// (null: not attempted; 0 or, for a semaphore, the slot: taken; negative:
-// not taken, see semTrySQL), the server's time after the lock, the
-// release of whatever a failed semaphore attempt took on its way, the
-// session's mark, and the server-side bound (boundSQL; %[2]s is the first
-// of its three parameters, boundArgs).
-const lockSQL = `select $5::pg_catalog.text as withlock, x.pid, x.standby, x.shared, x.v, pg_catalog.clock_timestamp(),
-	case when x.v < 0 then pg_catalog.pg_advisory_unlock_all() end,
-	pg_catalog.set_config('withlock.session', $3, false),
-	case when x.v >= 0 then ` + boundSQL + ` end
-from (select s.*, case when s.standby or s.shared is not null or s.pid <> all($4::pg_catalog.int8[]) then null
-		else %[1]s end as v
-	from (select pg_catalog.pg_backend_pid() as pid, pg_catalog.pg_is_in_recovery() as standby,
-			case when coalesce(pg_catalog.current_setting('withlock.session', true), '') not in ('', $3)
-				then 'another connection had used this server session'
-			when exists(select 1 from pg_catalog.pg_lock_status() l where l.locktype = 'advisory' and l.pid = pg_catalog.pg_backend_pid())
-				then 'this server session already held advisory locks'
-			end as shared,
-			case when pg_catalog.current_setting('transaction_timeout', true) is not null
-				then pg_catalog.set_config('transaction_timeout', '0', false) end
-		offset 0) s
-	offset 0) x`
-
-// lockSQLs are the lock statements of each mode: a single attempt, and a
-// wait in the server's queue. A semaphore has no wait statement; see
-// acquireSlot. They are built at first use, as every statement put
-// together with Sprintf here: package init runs in every withlock start,
-// whatever the backend (docs/design.md, A small binary, started often).
-var lockSQLs = sync.OnceValue(func() map[lock.Mode][2]string {
-	return map[lock.Mode][2]string{
-		lock.Exclusive: {
-			fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock($1::int4, $2::int4) then 0 else -1 end", "$6", "$7", "$8"),
-			fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock($1::int4, $2::int4))", "$6", "$7", "$8"),
-		},
-		lock.Shared: {
-			fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock_shared($1::int4, $2::int4) then 0 else -1 end", "$6", "$7", "$8"),
-			fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock_shared($1::int4, $2::int4))", "$6", "$7", "$8"),
-		},
-		lock.Semaphore: {fmt.Sprintf(lockSQL, semTrySQL, "$11", "$12", "$13")}, // after semTrySQL's five
-	}
-})
-
-// boundSQL is the server-side bound (docs/postgres.md), set on the session once it holds
-// the lock: the server ends the session, and with it the lock, once
-// withlock has been silent for the ttl, so that a
-// holder that is frozen or partitioned away does not keep the lock for the
-// others until the server notices a dead client (hours, with default
-// keepalives). Every timer below starts at or after the last statement
-// withlock sent, and withlock has stopped its command by ttl after the last
-// check that succeeded (lock.Held), so the session ends after the command,
-// never before:
-//
-//   - idle_session_timeout (PostgreSQL 14 and later): the session ends after
-//     ttl without a statement. The keep loop's checks come every ttl/3, and
-//     none runs in a transaction, to which the timeout would not apply. It
-//     alone ends the session of a frozen holder, whose kernel still
-//     answers TCP;
-//   - tcp_user_timeout (PostgreSQL 12 and later): the connection ends when
-//     what the server sent stays unacknowledged for ttl;
-//   - TCP keepalives: probes from ttl/2 of silence on, every ttl/6, three
-//     unanswered end the connection (at least 1s each, rounded up): the
-//     bound of a partition on servers before 14.
-//
-// A setting the server does not have is skipped (current_setting(..., true)
-// is null), not an error, so that older servers still grant the lock. Its
-// value: idle_session_timeout as set, or null when the server has none.
-//
-// Its values are boundArgs, worked out here rather than by the server: in
-// the first statement of a new server process every function, operator and
-// cast costs a catalog lookup, and the arithmetic took a millisecond there
-// (pg_lock_status() instead of the pg_locks view above saves another).
-const boundSQL = `(select case when pg_catalog.current_setting('idle_session_timeout', true) is not null
-			then pg_catalog.set_config('idle_session_timeout', %[2]s, false) end
-		from (select case when pg_catalog.current_setting('tcp_user_timeout', true) is not null
-				then pg_catalog.set_config('tcp_user_timeout', %[2]s, false) end,
-			pg_catalog.set_config('tcp_keepalives_idle', %[3]s, false),
-			pg_catalog.set_config('tcp_keepalives_interval', %[4]s, false),
-			pg_catalog.set_config('tcp_keepalives_count', '3', false)
-			offset 0) k)`
-
-// boundArgs are boundSQL's values for a ttl, as text: the ttl in
-// milliseconds, then the keepalives' idle time (ttl/2) and interval (ttl/6)
-// in whole seconds, rounded up, at least 1.
-func boundArgs(ttl time.Duration) []any {
-	ms := ttl.Milliseconds()
-	ceilDiv := func(n, d int64) int64 { return max(1, (n+d-1)/d) }
-	return []any{strconv.FormatInt(ms, 10), strconv.FormatInt(ceilDiv(ms, 2000), 10), strconv.FormatInt(ceilDiv(ms, 6000), 10)}
-}
-
-// maxProbes bounds the connections of one attempt behind a pooler.
-const maxProbes = 4
-
-// take makes one attempt to take name; with wait, it waits for it.
-//
-// Behind a pooler, one connection cannot tell its modes apart: a lone
-// client sees the same in both. So take marks the server session and
-// connects again, until a statement lands in a server process it has
-// marked before: still marked, that process serves several clients in
-// turn (transaction mode), and take refuses; unmarked, the pooler reset it
-// between two clients (session mode), and take locks there. Then it checks
-// once more, in a statement of its own, that the session stayed the same,
-// so that a pooler that moves statements or resets sessions after every
-// transaction is refused before the command runs.
-//
-// The statement goes by the simple protocol, so that its values are
-// written into its text (quoted by pgx) and pg_stat_activity shows the
-// record; it is still one round trip.
-func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease, error) {
-	k1, k2 := Keys(name)
-	mode := b.opts.Mode
-	var sem *semaphore
-	if mode == lock.Semaphore {
-		sem = newSemaphore(name, b.opts.MaxHolders)
-	}
-	sql := lockSQLs()[mode][0]
-	if wait {
-		sql = lockSQLs()[mode][1]
-	}
-	rec := b.record(name, nil)
-	for probes := 1; ; probes++ {
-		conn, err := b.connect(ctx, name)
-		if err != nil {
-			return nil, err
-		}
-		accept := []int64{int64(conn.PgConn().PID())}
-		if b.pooled {
-			accept = b.seen
-		}
-		args := []any{pgx.QueryExecModeSimpleProtocol, k1, k2, b.token, accept, rec}
-		if sem != nil {
-			args = append(args, sem.n, sem.mark(), sem.markHi, sem.markMid, sem.slotBase)
-		}
-		args = append(args, boundArgs(b.opts.TTL)...)
-		var (
-			pid     int64
-			standby bool
-			shared  *string
-			v       *int64
-			at      time.Time
-			idle    *string // idle_session_timeout as set; see boundSQL
-		)
-		b.cancelOnServer.Store(wait)
-		err = conn.QueryRow(ctx, sql, args...).Scan(nil, &pid, &standby, &shared, &v, &at, nil, nil, &idle)
-		b.cancelOnServer.Store(false)
-		switch {
-		case err != nil && wait && ctx.Err() != nil:
-			// The lock may have been granted just as we gave up; ending the
-			// session is the one sure way to leave nothing behind.
-			b.drop()
-			return nil, fmt.Errorf("postgres: wait for %q: %w", name, context.Cause(ctx))
-		case err != nil && wait && waitCut(err):
-			b.drop()
-			return nil, b.cutWait(err)
-		case err != nil && isCancel(err):
-			_, why := sortError(err)
-			b.drop()
-			return nil, b.errorAt(b.addr, errCancelled, why)
-		case err != nil:
-			return nil, b.failed(err)
-		case standby:
-			b.drop()
-			return nil, b.standby()
-		case shared != nil:
-			b.drop() // a session pool must not keep a server session for a refused client
-			return nil, b.pooler(*shared)
-		case v == nil:
-			if !b.pooled {
-				b.opts.Log.Debug("a pooler answered: connecting again to see whether it shares server sessions", "backend", "postgres", "addr", b.addr)
-			}
-			b.pooled = true
-			b.seen = append(b.seen, pid)
-			b.drop()
-			if probes == maxProbes {
-				return nil, lock.Errorf(lock.ErrUnavailable, "cannot tell whether the pooler at %s shares server sessions between clients: "+
-					"each of %d connections landed in another server process", b.addr, probes)
-			}
-			continue
-		case *v <= -4:
-			return nil, lock.Errorf(lock.ErrUsage, "%q is a semaphore of %d (--max-holders %d); this holder asked for %d", name, -4-*v, -4-*v, sem.n)
-		case *v == -1 && sem != nil:
-			return nil, blocked{waitName}
-		case *v == -2:
-			return nil, blocked{waitSlot}
-		case *v == -3:
-			return nil, blocked{waitMark}
-		case *v < 0:
-			return nil, lock.ErrHeld
-		}
-		if idle == nil {
-			b.opts.Log.Debug("the server has no idle_session_timeout (PostgreSQL before 14): only TCP keepalives end the session of a holder that stops answering",
-				"backend", "postgres", "addr", b.addr)
-		}
-		l := &lease{b: b, conn: conn, k1: k1, k2: k2, mode: mode, sem: sem, slot: int(*v), pid: pid, token: b.token, record: b.record(name, &at)}
-		if b.pooled {
-			if why, err := l.check(ctx); err != nil {
-				return nil, b.failed(err)
-			} else if why != "" {
-				l.Release(ctx) // lands on the locking session only if the pid still matches
-				b.drop()
-				return nil, b.pooler(why)
-			}
-		}
-		return l, nil
-	}
-}
-
-// record is this holder's record (see record.go) for a lock on name,
-// granted at at (nil while it is being taken).
-func (b *backend) record(name string, at *time.Time) string {
-	h := b.opts.Holder
-	r := record{Withlock: 1, Host: h.Host, PID: h.PID, Name: name, Command: h.Command}
-	if at != nil {
-		t := at.UTC()
-		r.At = &t
-	}
-	return r.fit()
-}
-
 // pooler is the refusal of a server session that other clients share.
 func (b *backend) pooler(why string) error {
 	return lock.Unsafe(fmt.Sprintf("postgres at %s shares server sessions between clients (%s), as a pooler in transaction or statement mode does, so a lock there excludes nobody", b.addr, why),
 		"use a session-mode pool (PgBouncer pool_mode=session) or connect to the server directly")
+}
+
+// standby is the refusal of a hot standby, by acquisition, status, release
+// --force and withlock check alike.
+func (b *backend) standby() error {
+	return lock.Unsafe(fmt.Sprintf("postgres at %s is a hot standby, where a lock excludes nobody on the primary", b.addr),
+		"point withlock at the primary, or add target_session_attrs=read-write to a URL that lists every host")
 }
 
 // drop ends the connection, and with it any lock it holds.
@@ -686,9 +416,8 @@ func waitCut(err error) bool {
 }
 
 // cutWait is the error of a wait that waitCut says was cut, its connection
-// dropped: ErrHeld, as far as the waiter knows, so that Client.Acquire
-// waits again (at once after a long wait; one that keeps being cut at once
-// is paced as a poll).
+// dropped: ErrHeld, as far as the waiter knows, so that the lock is waited
+// for again, like any lock found held, rather than counted as an outage.
 func (b *backend) cutWait(err error) error {
 	_, why := sortError(err)
 	b.opts.Log.Debug("the server cut the wait; waiting again", "backend", "postgres", "addr", b.addr, "why", why)
@@ -732,165 +461,4 @@ func (b *backend) errorAt(addr string, kind error, why string) error {
 		return lock.Errorf(lock.ErrUnavailable, "postgres at %s cancelled our statement (%s)", addr, why)
 	}
 	return lock.Unreachable("postgres at "+addr, why)
-}
-
-type lease struct {
-	b      *backend
-	conn   *pgx.Conn
-	k1, k2 int32
-	mode   lock.Mode
-	sem    *semaphore // a semaphore's keys; nil in the other modes
-	slot   int        // a semaphore's slot
-	pid    int64      // the server process that holds the lock
-	token  string     // its mark on that session
-	record string     // the holder's record, with the time of the grant
-}
-
-// keepSQL reads, in one round trip, everything Keep checks: the server
-// process, whether it is a standby now, the session's mark, and whether
-// the session still holds the lock. Its first value is the holder's record
-// again ($3), so that pg_stat_activity keeps showing it. %s is more for a
-// semaphore: keepSlotSQL.
-const keepSQL = `select $3::pg_catalog.text as withlock, pg_catalog.pg_backend_pid(), pg_catalog.pg_is_in_recovery(),
-	coalesce(pg_catalog.current_setting('withlock.session', true), ''),
-	exists(select 1 from pg_catalog.pg_locks
-		where locktype = 'advisory' and pid = pg_catalog.pg_backend_pid() and granted
-		and classid::pg_catalog.int8 = $1 and objid::pg_catalog.int8 = $2 and objsubid = 2)%s`
-
-// keepSlotSQL checks that a semaphore's holder still holds its slot ($4,
-// $5: its pg_locks classid and objid), and wakes the semaphore's waiters
-// ($8 is the channel) when a slot is free while someone waits in the
-// server's queue for one (a detector, see acquireSlot): a holder whose
-// session ended without a release frees its slot without a NOTIFY. $6 is
-// the upper objid of the slots, $7 N.
-const keepSlotSQL = `
-	and exists(select 1 from pg_catalog.pg_locks
-		where locktype = 'advisory' and pid = pg_catalog.pg_backend_pid() and granted
-		and classid::pg_catalog.int8 = $4 and objid::pg_catalog.int8 = $5 and objsubid = 1),
-	case when (select pg_catalog.count(*) from pg_catalog.pg_locks
-			where locktype = 'advisory' and objsubid = 1 and granted and ` + thisDB + `
-			and classid::pg_catalog.int8 = $4 and objid::pg_catalog.int8 >> 16 = $6) < $7
-		and exists(select 1 from pg_catalog.pg_locks
-			where locktype = 'advisory' and objsubid = 1 and not granted and ` + thisDB + `
-			and classid::pg_catalog.int8 = $4 and objid::pg_catalog.int8 >> 16 = $6)
-		then pg_catalog.pg_notify($8, '') end`
-
-var (
-	keepOneSQL = sync.OnceValue(func() string { return fmt.Sprintf(keepSQL, "") })
-	keepSemSQL = sync.OnceValue(func() string { return fmt.Sprintf(keepSQL, keepSlotSQL) })
-)
-
-// check says what is wrong with the session, "" if nothing: err is set
-// only when the statement failed.
-func (l *lease) check(ctx context.Context) (why string, err error) {
-	var (
-		pid     int64
-		standby bool
-		mark    string
-		held    bool
-	)
-	args := []any{pgx.QueryExecModeSimpleProtocol, int64(uint32(l.k1)), int64(uint32(l.k2)), l.record}
-	dest := []any{nil, &pid, &standby, &mark, &held}
-	sql := keepOneSQL()
-	if l.sem != nil {
-		sql = keepSemSQL()
-		args = append(args, l.sem.slotHi, int64(uint32(l.sem.slot(l.slot))), l.sem.slotMid, l.sem.n, l.sem.channel)
-		dest = append(dest, nil)
-	}
-	err = l.conn.QueryRow(ctx, sql, args...).Scan(dest...)
-	switch {
-	case err != nil:
-		return "", err
-	case pid != l.pid:
-		return fmt.Sprintf("our statements moved from server process %d to %d", l.pid, pid), nil
-	case standby:
-		return "the server is a hot standby now", nil
-	case mark != l.token:
-		return "another client ran statements in our session", nil
-	case !held:
-		return "the session no longer holds the advisory lock", nil
-	}
-	return "", nil
-}
-
-// Keep checks that our session is alive, still ours, on a primary, and
-// still holds the lock.
-func (l *lease) Keep(ctx context.Context) error {
-	why, err := l.check(ctx)
-	switch {
-	case err != nil && ctx.Err() != nil:
-		// Out of time: the caller decides what an unanswered check means.
-		return l.b.failed(err)
-	case err != nil && l.conn.IsClosed():
-		return l.sessionEnded(err)
-	case err != nil:
-		return l.b.failed(err)
-	case why != "":
-		return lock.Errorf(lock.ErrLost, "%s", why)
-	}
-	return nil
-}
-
-// Watch waits on the idle connection, so that a session ended by the
-// server (pg_terminate_backend, restart) is noticed at once rather than at
-// the next Keep.
-func (l *lease) Watch(ctx context.Context) error {
-	for {
-		err := l.conn.PgConn().WaitForNotification(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case err == nil:
-			continue // a NOTIFY someone sent; not ours to care about
-		case l.conn.IsClosed():
-			return l.sessionEnded(err)
-		default:
-			return l.b.failed(err)
-		}
-	}
-}
-
-func (l *lease) sessionEnded(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return lock.Errorf(lock.ErrLost, "postgres ended the session: %s", pgErr.Message)
-	}
-	_, why := sortError(err)
-	return lock.Errorf(lock.ErrLost, "the connection to postgres at %s broke (%s)", l.b.addr, why)
-}
-
-// releaseSQLs unlock, in the server process that holds the lock only
-// ($3 or $2): behind a pooler the statement may land in another client's
-// session. A semaphore's holder lets go of its three locks and wakes the
-// waiters (its channel is $3).
-var releaseSQLs = map[lock.Mode]string{
-	lock.Exclusive: `select case when pg_catalog.pg_backend_pid() = $3 then pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, $2::pg_catalog.int4) end`,
-	lock.Shared:    `select case when pg_catalog.pg_backend_pid() = $3 then pg_catalog.pg_advisory_unlock_shared($1::pg_catalog.int4, $2::pg_catalog.int4) end`,
-	lock.Semaphore: `select x.was, case when x.was is not null then pg_catalog.pg_advisory_unlock_all() end, pg_catalog.pg_notify($3, '')
-		from (select case when pg_catalog.pg_backend_pid() = $2 then pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) end as was offset 0) x`,
-}
-
-// Release unlocks, in the server process that holds the lock only.
-func (l *lease) Release(ctx context.Context) error {
-	var was *bool
-	var err error
-	if l.sem != nil {
-		err = l.conn.QueryRow(ctx, releaseSQLs[l.mode], l.sem.slot(l.slot), l.pid, l.sem.channel).Scan(&was, nil, nil)
-	} else {
-		err = l.conn.QueryRow(ctx, releaseSQLs[l.mode], l.k1, l.k2, l.pid).Scan(&was)
-	}
-	switch {
-	case err != nil && isCancel(err):
-		// Ending the session ends the lock just as surely.
-		l.b.opts.Log.Debug("the server cancelled the release; ending the session instead", "backend", "postgres", "addr", l.b.addr)
-		l.b.drop()
-		return nil
-	case err != nil:
-		return l.b.failed(err)
-	case was == nil:
-		return errors.New("postgres: our statements moved to another server process; the lock ends with the session that holds it")
-	case !*was:
-		return lock.Errorf(lock.ErrNotOurs, "postgres: the lock was no longer ours at release")
-	}
-	return nil
 }

@@ -141,3 +141,15 @@ func parseRecord(query string) (record, bool) {
 	}
 	return record{}, false // no closing quote: cut short
 }
+
+// record is this holder's record (see record.go) for a lock on name,
+// granted at at (nil while it is being taken).
+func (b *backend) record(name string, at *time.Time) string {
+	h := b.opts.Holder
+	r := record{Withlock: 1, Host: h.Host, PID: h.PID, Name: name, Command: h.Command}
+	if at != nil {
+		t := at.UTC()
+		r.At = &t
+	}
+	return r.fit()
+}

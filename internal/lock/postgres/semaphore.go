@@ -136,7 +136,8 @@ var detectSQL = map[waitFor]string{
 // go the moment it gets it. Whichever comes first wakes the waiter to try
 // again; it tries only when the server said something changed, never on a
 // timer. If every holder died, the detector's slot came free too. Failures
-// to reach the server are returned, for Client.Acquire to retry.
+// to reach the server are returned as they are (ErrUnavailable): the
+// waiter never retries by itself.
 func (b *backend) acquireSlot(ctx context.Context, name string) (lock.Lease, error) {
 	sem := newSemaphore(name, b.opts.MaxHolders)
 	var d detector
