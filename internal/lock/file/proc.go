@@ -3,7 +3,6 @@ package file
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"maps"
@@ -170,13 +169,4 @@ func closesOf(buf []byte, f string) bool {
 		buf = buf[syscall.SizeofInotifyEvent+n:]
 	}
 	return false
-}
-
-// Notify wakes a semaphore's waiter whenever a file of name's lock is
-// closed: a slot may have been let go. Client.Acquire still retries now
-// and then in case a wake-up is missed, and so does it if inotify is not
-// available (it then polls as fast as for any backend without
-// notifications).
-func (s semaphore) Notify(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	return watchCloses(s.dir, FileName(name))
 }

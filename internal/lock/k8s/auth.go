@@ -83,7 +83,7 @@ type execPlugin struct {
 
 	// rotated is called when the plugin answers with a client
 	// certificate other than the one before: connections made with the
-	// old one must go (client.go).
+	// old one must go (wire.go).
 	rotated func()
 
 	mu     sync.Mutex

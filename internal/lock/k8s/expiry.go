@@ -19,7 +19,7 @@ const expiryMargin = time.Second
 // truncated. The server sets it when a field manager changes a field it
 // owns, and every renewal changes renewTime. ok is false when no entry
 // owns renewTime (managedFields cleared by hand).
-func renewedAt(l *Lease) (t time.Time, ok bool) {
+func renewedAt(l *LeaseObject) (t time.Time, ok bool) {
 	for _, m := range l.Metadata.ManagedFields {
 		if !ownsRenewTime(m.FieldsV1) {
 			continue
@@ -49,7 +49,7 @@ func ownsRenewTime(fields json.RawMessage) bool {
 }
 
 // durationOf is l's leaseDurationSeconds, or d for a Lease without one.
-func durationOf(l *Lease, d time.Duration) time.Duration {
+func durationOf(l *LeaseObject, d time.Duration) time.Duration {
 	if l.Spec.LeaseDurationSeconds > 0 {
 		return time.Duration(l.Spec.LeaseDurationSeconds) * time.Second
 	}
@@ -65,16 +65,16 @@ func durationOf(l *Lease, d time.Duration) time.Duration {
 //
 // This is the one judgement of expiry: status, release --force and every
 // attempt (--no-wait, a waiter, --timeout) make it, so they agree. It is
-// safe against a holder that keeps to its side: a holder stops its
-// command by ttl after it sent its last renewal (lock.Held), on its own
-// clock, and writes leaseDurationSeconds as the ttl rounded up. The
-// renewal reached the server after it was sent, and the server's record
-// of it is at most a second early (expiryMargin), so by the time any
-// answer of the server says the Lease has run out, more than
-// leaseDurationSeconds have passed since the renewal was sent. A
-// contender then takes the Lease with an update conditional on the
-// version it read, which fails if the holder renewed in between.
-func serverExpiry(l *Lease, d time.Duration) (at time.Time, left time.Duration, ok bool) {
+// safe against a holder that keeps to its side: a holder's lease ends ttl
+// after it sent its last renewal, on its own clock (lock.Backend's
+// TryAcquire, lock.Options' Grace), and it writes leaseDurationSeconds as
+// the ttl rounded up. The renewal reached the server after it was sent, and
+// the server's record of it is at most a second early (expiryMargin), so by
+// the time any answer of the server says the Lease has run out, more than
+// leaseDurationSeconds have passed since the renewal was sent. A contender
+// then takes the Lease with an update conditional on the version it read,
+// which fails if the holder renewed in between.
+func serverExpiry(l *LeaseObject, d time.Duration) (at time.Time, left time.Duration, ok bool) {
 	renewed, ok := renewedAt(l)
 	if !ok || l.served.IsZero() {
 		return time.Time{}, 0, false

@@ -114,7 +114,7 @@ func TestLeaseFields(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got k8s.Lease
+		var got k8s.LeaseObject
 		if err := k.Do("GET", leasePath(ns, k8s.LeaseName(name)), nil, &got); err != nil {
 			t.Fatal(err)
 		}
@@ -134,7 +134,7 @@ func TestLeaseFields(t *testing.T) {
 		if err := l.Release(locktest.Context(t)); err != nil {
 			t.Fatal(err)
 		}
-		got = k8s.Lease{}
+		got = k8s.LeaseObject{}
 		if err := k.Do("GET", leasePath(ns, k8s.LeaseName(name)), nil, &got); err != nil {
 			t.Fatal(err)
 		}
@@ -237,7 +237,7 @@ func TestInClusterServiceAccount(t *testing.T) {
 	if err != nil {
 		t.Fatalf("in-cluster TryAcquire in the pod's namespace: %v", err)
 	}
-	var got k8s.Lease
+	var got k8s.LeaseObject
 	if err := k.Do("GET", leasePath(ns, "dbmigration"), nil, &got); err != nil {
 		t.Fatalf("the Lease is not in the pod's namespace %s: %v", ns, err)
 	}
@@ -376,9 +376,9 @@ func TestRenewalRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	read := func() (k8s.Lease, time.Time) {
+	read := func() (k8s.LeaseObject, time.Time) {
 		t.Helper()
-		var got k8s.Lease
+		var got k8s.LeaseObject
 		if err := k.Do("GET", leasePath(ns, k8s.LeaseName(name)), nil, &got); err != nil {
 			t.Fatal(err)
 		}

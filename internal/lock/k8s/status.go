@@ -31,14 +31,14 @@ func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) 
 
 // leasesOf returns name's Leases: those with its label (a semaphore's
 // slots) and its own Lease, which another tool may have made without.
-func (b *backend) leasesOf(ctx context.Context, name string) ([]Lease, error) {
+func (b *backend) leasesOf(ctx context.Context, name string) ([]LeaseObject, error) {
 	list, err := b.c.list(ctx, b.cfg.namespace, url.Values{"labelSelector": {LabelLock + "=" + hashOf(name)}})
 	if err != nil {
 		return nil, b.classify(err, "list")
 	}
 	leases := list.Items
 	first := LeaseName(name)
-	if !slices.ContainsFunc(leases, func(l Lease) bool { return l.Metadata.Name == first }) {
+	if !slices.ContainsFunc(leases, func(l LeaseObject) bool { return l.Metadata.Name == first }) {
 		l, err := b.c.get(ctx, b.cfg.namespace, first)
 		switch {
 		case isCode(err, http.StatusNotFound):
@@ -49,7 +49,7 @@ func (b *backend) leasesOf(ctx context.Context, name string) ([]Lease, error) {
 		}
 	}
 	// Skip another name whose hash shares the label's prefix.
-	return slices.DeleteFunc(leases, func(l Lease) bool {
+	return slices.DeleteFunc(leases, func(l LeaseObject) bool {
 		n := l.Metadata.Annotations[AnnotationName]
 		return n != "" && n != name
 	}), nil
@@ -88,7 +88,7 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 
 // addHolder adds l's holder to st if it has one whose lease has not run
 // out (read at now, by this host's clock).
-func (b *backend) addHolder(st *lock.State, l *Lease, now time.Time) {
+func (b *backend) addHolder(st *lock.State, l *LeaseObject, now time.Time) {
 	h, ok := b.holderOf(l, now)
 	if !ok {
 		return
@@ -108,7 +108,7 @@ func (b *backend) addHolder(st *lock.State, l *Lease, now time.Time) {
 // holder's renewTime plus the duration, judged against this host's clock
 // (the holder's and this host's clocks are then assumed to agree: status
 // has nothing better).
-func (b *backend) holderOf(l *Lease, now time.Time) (lock.Holder, bool) {
+func (b *backend) holderOf(l *LeaseObject, now time.Time) (lock.Holder, bool) {
 	if l.Spec.HolderIdentity == "" {
 		return lock.Holder{}, false
 	}
@@ -142,42 +142,4 @@ func sortHolders(st *lock.State) {
 		*st = lock.State{Name: st.Name, Key: st.Key}
 		return
 	}
-}
-
-// Break clears the holder of each of name's Leases that has one that has
-// not run out by the API server's clock (serverExpiry; without the
-// server's times, every holder is broken), each conditional on the version
-// just read, so that a holder that renewed in between is not broken blind: that
-// is ErrHeld, and release --force can be run again. The Leases stay, with
-// their count of acquisitions (the fencing token). Their holders find the
-// Lease no longer theirs at their next renewal (within ttl/3) and stop.
-func (b *backend) Break(ctx context.Context, name string) ([]lock.Holder, error) {
-	leases, err := b.leasesOf(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	var broken []lock.Holder
-	for _, l := range leases {
-		if l.Spec.HolderIdentity == "" {
-			continue
-		}
-		if _, left, ok := serverExpiry(&l, b.ttl()); ok && left <= 0 {
-			continue // run out: free to any attempt already
-		}
-		h, _ := b.holderOf(&l, time.Now())
-		_, created, err := b.c.update(ctx, b.cfg.namespace, freed(&l))
-		if err == nil && created {
-			continue // deleted since the list: nothing to break (the copy is free)
-		}
-		switch {
-		case isCode(err, http.StatusConflict):
-			return broken, lock.Errorf(lock.ErrHeld, "the Lease %s/%s changed while it was being broken; run release --force again", b.cfg.namespace, l.Metadata.Name)
-		case isCode(err, http.StatusNotFound):
-			continue
-		case err != nil:
-			return broken, b.classify(err, "update")
-		}
-		broken = append(broken, h)
-	}
-	return broken, nil
 }

@@ -14,16 +14,14 @@ import (
 	"net/url"
 	"sync"
 	"time"
-
-	"github.com/withlock/withlock/internal/lock"
 )
 
-// Lease is the part of a coordination.k8s.io/v1 Lease that withlock reads
-// and writes. Written with PUT, the object replaces the stored one, so a
-// field left out here (holderIdentity on release) is cleared; the fields
+// LeaseObject is the part of a coordination.k8s.io/v1 Lease that withlock
+// reads and writes. Written with PUT, the object replaces the stored one,
+// so a field left out here (holderIdentity on release) is cleared; the fields
 // other tools set (labels, annotations, ownerReferences, finalizers,
 // strategy, preferredHolder) are here so that they are written back.
-type Lease struct {
+type LeaseObject struct {
 	APIVersion string     `json:"apiVersion"`
 	Kind       string     `json:"kind"`
 	Metadata   ObjectMeta `json:"metadata"`
@@ -86,7 +84,7 @@ type leaseList struct {
 	Metadata struct {
 		ResourceVersion string `json:"resourceVersion"`
 	} `json:"metadata"`
-	Items []Lease `json:"items"`
+	Items []LeaseObject `json:"items"`
 }
 
 // status is the API server's metav1.Status, the body of its errors.
@@ -154,7 +152,8 @@ func newClient(cfg *config) *client {
 // that are still open, so that a new client certificate can close them
 // all, as client-go does on rotation: a TLS connection keeps the
 // certificate of its handshake, and the pool reuses an idle one for as
-// long as renewals come every ttl/3, past the old certificate's expiry.
+// long as requests come within IdleConnTimeout of each other, past the old
+// certificate's expiry.
 type dialer struct {
 	d     net.Dialer
 	mu    sync.Mutex
@@ -286,8 +285,8 @@ func (c *client) call(ctx context.Context, method, path string, query url.Values
 	return resp.StatusCode, date, nil
 }
 
-func (c *client) get(ctx context.Context, ns, name string) (*Lease, error) {
-	l := &Lease{}
+func (c *client) get(ctx context.Context, ns, name string) (*LeaseObject, error) {
+	l := &LeaseObject{}
 	_, date, err := c.call(ctx, http.MethodGet, c.leasesPath(ns)+"/"+url.PathEscape(name), nil, nil, l)
 	if err != nil {
 		return nil, err
@@ -301,15 +300,15 @@ const fieldManager = "withlock"
 
 // send is l as a write sends it: typed, and without managedFields, which
 // the server then keeps and updates itself.
-func send(l *Lease) *Lease {
+func send(l *LeaseObject) *LeaseObject {
 	out := *l
 	out.APIVersion, out.Kind = "coordination.k8s.io/v1", "Lease"
 	out.Metadata.ManagedFields = nil
 	return &out
 }
 
-func (c *client) create(ctx context.Context, ns string, l *Lease) (*Lease, error) {
-	out := &Lease{}
+func (c *client) create(ctx context.Context, ns string, l *LeaseObject) (*LeaseObject, error) {
+	out := &LeaseObject{}
 	q := url.Values{"fieldManager": {fieldManager}}
 	_, date, err := c.call(ctx, http.MethodPost, c.leasesPath(ns), q, send(l), out)
 	if err != nil {
@@ -324,14 +323,14 @@ func (c *client) create(ctx context.Context, ns string, l *Lease) (*Lease, error
 // longer exists creates it, whatever resourceVersion it names (the API
 // server checks the version only against a stored object). created says
 // that this happened (201 Created instead of 200 OK).
-func (c *client) update(ctx context.Context, ns string, l *Lease) (out *Lease, created bool, err error) {
+func (c *client) update(ctx context.Context, ns string, l *LeaseObject) (out *LeaseObject, created bool, err error) {
 	return c.updateAs(ctx, ns, l, fieldManager)
 }
 
 // updateAs is update recorded in managedFields under the field manager
 // manager.
-func (c *client) updateAs(ctx context.Context, ns string, l *Lease, manager string) (out *Lease, created bool, err error) {
-	out = &Lease{}
+func (c *client) updateAs(ctx context.Context, ns string, l *LeaseObject, manager string) (out *LeaseObject, created bool, err error) {
+	out = &LeaseObject{}
 	q := url.Values{"fieldManager": {manager}}
 	code, date, err := c.call(ctx, http.MethodPut, c.leasesPath(ns)+"/"+url.PathEscape(l.Metadata.Name), q, send(l), out)
 	if err != nil {
@@ -403,47 +402,9 @@ func (c *client) watch(ctx context.Context, ns string, selector url.Values, rv s
 			default: // one pending wake-up is enough
 			}
 			if ev.Type == "ERROR" {
-				return // "too old resource version": the poll covers it
+				return // "too old resource version": the watch ends (see Notify)
 			}
 		}
 	}()
 	return d, nil
-}
-
-// classify sorts an error of a call into lock's sentinels. A 409 is never
-// classified here: the callers decide what a lost race means.
-func (b *backend) classify(err error, verb string) error {
-	where := "kubernetes at " + b.cfg.hostport
-	var ae *apiError
-	var pe *pluginError
-	switch {
-	case errors.As(err, &pe):
-		// The credentials could not be had: a plugin that failed, a
-		// token file that cannot be read. Trying again will not help.
-		return lock.Errorf(lock.ErrRefused, "%s: %s", where, pe.msg)
-	case errors.As(err, &ae):
-		switch {
-		case ae.code == http.StatusUnauthorized:
-			return lock.Errorf(lock.ErrRefused, "%s refused the credentials of %s (401 Unauthorized: %s); check the token or certificate", where, b.cfg.source, ae.Error())
-		case ae.code == http.StatusForbidden:
-			return lock.Errorf(lock.ErrRefused, "%s: %s may not %s leases (coordination.k8s.io) in namespace %q (403 Forbidden: %s); grant it a Role with verbs get, list, watch, create, update on leases in %q and bind it (docs/kubernetes.md)",
-				where, b.cfg.source, verb, b.cfg.namespace, ae.Error(), b.cfg.namespace)
-		case ae.code == http.StatusNotFound && ae.status.Details.Kind == "namespaces":
-			return lock.Errorf(lock.ErrRefused, "%s: namespace %q does not exist (%s); create it or name another in k8s://NAMESPACE", where, b.cfg.namespace, ae.Error())
-		case ae.code == http.StatusNotFound:
-			return lock.Errorf(lock.ErrRefused, "%s has no coordination.k8s.io/v1 Lease API (%s); Kubernetes 1.14 or later is needed", where, ae.Error())
-		case ae.code == http.StatusTooManyRequests || ae.code >= 500:
-			return lock.Errorf(lock.ErrUnavailable, "%s is not ready (%d: %s)", where, ae.code, ae.Error())
-		}
-		return lock.Errorf(lock.ErrRefused, "%s refused: %d %s", where, ae.code, ae.Error())
-	case lock.TLSRefusal(err):
-		return lock.Errorf(lock.ErrRefused, "%s: %v", where, err)
-	}
-	return lock.Unreachable(where, lock.Reason(err))
-}
-
-// isCode reports whether err is the API server's answer code.
-func isCode(err error, code int) bool {
-	var ae *apiError
-	return errors.As(err, &ae) && ae.code == code
 }
