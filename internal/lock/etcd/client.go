@@ -461,6 +461,7 @@ type rangeRequest struct {
 	SortOrder  string `json:"sort_order,omitempty"`
 	SortTarget string `json:"sort_target,omitempty"`
 	KeysOnly   bool   `json:"keys_only,omitempty"`
+	CountOnly  bool   `json:"count_only,omitempty"`
 	// MaxCreateRevision leaves out the keys created after it.
 	MaxCreateRevision int64 `json:"max_create_revision,omitempty,string"`
 }

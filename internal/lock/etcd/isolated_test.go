@@ -32,7 +32,8 @@ import (
 //     majority still holds the lock, so the holder keeps it for two ttls:
 //     its renewals through the isolated member fail, and the next go to
 //     another member in time. The waiter does not get it meanwhile, and gets
-//     it once the holder lets go.
+//     it once the holder lets go. withlock check, meanwhile, warns that the
+//     isolated member cannot serve.
 //   - only: the URL names the isolated member alone. Its reads and lease
 //     renewals fail (they need the leader), so the holder stops before its
 //     lease can run out in the majority, and the waiter gets the lock only
@@ -130,6 +131,11 @@ func testIsolated(t *testing.T, members []*testenv.Etcd, all bool) {
 	stop := mon.run()
 	defer stop()
 
+	st, err := maj.Status(locktest.Context(t), members[iso].Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	isoID := st.Header.MemberId
 	members[iso].PeerProxy.BlackHole()
 	isolated := time.Now()
 	healed := false
@@ -143,6 +149,32 @@ func testIsolated(t *testing.T, members []*testenv.Etcd, all bool) {
 	t.Logf("isolated member %d (leader: %d); URL %s", iso, leader, url)
 
 	if all {
+		// Meanwhile, withlock check through a member of the majority, once
+		// the majority has a leader of its own (a request that the
+		// isolated leader took is lost).
+		checked := make(chan lock.Finding, 1)
+		go func() {
+			for {
+				ctx, cancel := context.WithTimeout(locktest.Context(t), time.Second)
+				st, err := maj.Status(ctx, majority[0])
+				cancel()
+				if err == nil && st.Leader != 0 && st.Leader != isoID {
+					break
+				}
+				if locktest.Context(t).Err() != nil {
+					t.Errorf("the majority elected no leader: %v", err)
+					break
+				}
+			}
+			var f lock.Finding
+			findings, err := locktest.Open(t, "etcd://"+majority[0], opts).Check(locktest.Context(t))
+			if err != nil {
+				t.Errorf("withlock check: %v", err)
+			} else if len(findings) == 2 {
+				f = findings[1]
+			}
+			checked <- f
+		}()
 		select {
 		case <-holder.Lost():
 			t.Fatalf("the holder lost its lock %s after the isolation, which the majority still held: %v", time.Since(isolated).Round(time.Millisecond), holder.Err())
@@ -150,6 +182,11 @@ func testIsolated(t *testing.T, members []*testenv.Etcd, all bool) {
 			t.Fatalf("the waiter got the lock while the holder held it (%v)", h != nil)
 		case <-time.After(2 * opts.TTL):
 		}
+		f := <-checked
+		if want := fmt.Sprintf("members m%d (", iso); f.Status != lock.Warn || !strings.Contains(f.Detail, want) || !strings.Contains(f.Detail, "cannot serve a linearizable read") {
+			t.Errorf("withlock check: %s %s; want a warning that m%d cannot serve a linearizable read", f.Status, f.Detail, iso)
+		}
+		t.Logf("withlock check: %s %s", f.Status, f.Detail)
 		w := holderLog.take()
 		if len(w) == 0 {
 			t.Error("no renewal of the holder failed: its requests did not go to the isolated member")
