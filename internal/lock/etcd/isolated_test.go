@@ -154,14 +154,14 @@ func testIsolated(t *testing.T, members []*testenv.Etcd, all bool) {
 		// isolated leader took is lost).
 		checked := make(chan lock.Finding, 1)
 		go func() {
-			for {
-				ctx, cancel := context.WithTimeout(locktest.Context(t), time.Second)
+			for wait := locktest.Context(t); ; time.Sleep(20 * time.Millisecond) {
+				ctx, cancel := context.WithTimeout(wait, time.Second)
 				st, err := maj.Status(ctx, majority[0])
 				cancel()
 				if err == nil && st.Leader != 0 && st.Leader != isoID {
 					break
 				}
-				if locktest.Context(t).Err() != nil {
+				if wait.Err() != nil {
 					t.Errorf("the majority elected no leader: %v", err)
 					break
 				}
@@ -257,14 +257,14 @@ func testIsolated(t *testing.T, members []*testenv.Etcd, all bool) {
 		t.Fatal(err)
 	}
 	defer back.Close()
-	for {
-		ctx, cancel := context.WithTimeout(locktest.Context(t), time.Second)
+	for wait := locktest.Context(t); ; time.Sleep(20 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(wait, time.Second)
 		_, err := back.Get(ctx, name)
 		cancel()
 		if err == nil {
 			break
 		}
-		if locktest.Context(t).Err() != nil {
+		if wait.Err() != nil {
 			t.Fatalf("member %d did not come back: %v", iso, err)
 		}
 	}
@@ -288,19 +288,28 @@ func leaderOf(t *testing.T, members []*testenv.Etcd) int {
 }
 
 // lockKeys reads name's keys from c, linearizably, oldest first.
-func lockKeys(t *testing.T, c *clientv3.Client, name string) []*mvccKV {
+func lockKeys(t *testing.T, c *clientv3.Client, name string) []mvccKV {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(locktest.Context(t), 10*time.Second)
-	defer cancel()
-	resp, err := c.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	kvs, err := readKeys(t, c, name)
 	if err != nil {
 		t.Fatalf("reading the majority: %v", err)
 	}
-	var kvs []*mvccKV
-	for _, kv := range resp.Kvs {
-		kvs = append(kvs, &mvccKV{key: string(kv.Key), rev: kv.CreateRevision, lease: kv.Lease})
-	}
 	return kvs
+}
+
+// readKeys is lockKeys for any goroutine.
+func readKeys(t *testing.T, c *clientv3.Client, name string) ([]mvccKV, error) {
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	resp, err := c.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return nil, err
+	}
+	var kvs []mvccKV
+	for _, kv := range resp.Kvs {
+		kvs = append(kvs, mvccKV{key: string(kv.Key), rev: kv.CreateRevision, lease: kv.Lease})
+	}
+	return kvs, nil
 }
 
 type mvccKV struct {
@@ -309,7 +318,7 @@ type mvccKV struct {
 	lease int64
 }
 
-func keyOfLease(kvs []*mvccKV, lease int64) bool {
+func keyOfLease(kvs []mvccKV, lease int64) bool {
 	for _, kv := range kvs {
 		if kv.lease == lease {
 			return true
@@ -356,7 +365,11 @@ func (m *monitor) run() (stop func()) {
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			kvs := lockKeys(m.t, m.c, m.name)
+			kvs, err := readKeys(m.t, m.c, m.name)
+			if err != nil {
+				m.t.Errorf("reading the majority: %v", err)
+				return
+			}
 			m.mu.Lock()
 			var believers []string
 			for _, h := range m.held {
