@@ -757,15 +757,17 @@ func cmdServer(ts *testscript.TestScript, neg bool, args []string) {
 	case args[0] == "tls" || args[0] == "tls-clientcert":
 		serverTLS(ts, st, args[0] == "tls-clientcert")
 	default:
-		ts.Fatalf("usage: server start|stop|pause|resume|tls|tls-clientcert (pause and resume: Redis, MongoDB, etcd; tls-clientcert: Redis)")
+		ts.Fatalf("usage: server start|stop|pause|resume|tls|tls-clientcert (pause and resume: Redis, MongoDB, etcd; tls-clientcert: Redis, etcd)")
 	}
 }
 
 // serverTLS replaces the script's own server by a new one that speaks TLS
 // only, with a certificate for 127.0.0.1 (not localhost) signed by a CA of
 // its own, $CACERT. $TLSPORT is its port; $DB is unchanged (the old server's
-// URL, now closed). With clientCerts (Redis only) the server refuses clients
-// without a certificate signed by its CA; $CLIENTCERT and $CLIENTKEY are one.
+// URL, now closed). With clientCerts (Redis and etcd) the server refuses
+// clients without a certificate signed by its CA; $CLIENTCERT and
+// $CLIENTKEY are one. For etcd, its Common Name is "withlock test server",
+// and $NOCNCERT and $NOCNKEY are one without a Common Name.
 func serverTLS(ts *testscript.TestScript, st *scriptState, clientCerts bool) {
 	var next server
 	var ca string
@@ -782,9 +784,13 @@ func serverTLS(ts *testscript.TestScript, st *scriptState, clientCerts bool) {
 		ts.Check(err)
 		next, ca, port = m, m.CertFile, m.Port
 	case *testenv.Etcd:
-		e, err := testenv.StartEtcd(testenv.EtcdOptions{TLS: true})
+		e, err := testenv.StartEtcd(testenv.EtcdOptions{TLS: true, ClientCertAuth: clientCerts})
 		ts.Check(err)
 		next, ca, port = e, e.CertFile, e.Port
+		ts.Setenv("CLIENTCERT", filepath.Join(e.Dir, "server.crt"))
+		ts.Setenv("CLIENTKEY", filepath.Join(e.Dir, "server.key"))
+		ts.Setenv("NOCNCERT", filepath.Join(e.Dir, "client.crt"))
+		ts.Setenv("NOCNKEY", filepath.Join(e.Dir, "client.key"))
 	case *testenv.MariaDB:
 		m, err := testenv.StartMariaDB(testenv.MariaDBOptions{TLS: true})
 		ts.Check(err)
@@ -792,9 +798,10 @@ func serverTLS(ts *testscript.TestScript, st *scriptState, clientCerts bool) {
 	default:
 		ts.Fatalf("server tls: not for %T", old)
 	}
-	if _, isRedis := next.(*testenv.Redis); clientCerts && !isRedis {
+	_, isRedis := next.(*testenv.Redis)
+	if _, isEtcd := next.(*testenv.Etcd); clientCerts && !isRedis && !isEtcd {
 		next.Close()
-		ts.Fatalf("server tls-clientcert: Redis only")
+		ts.Fatalf("server tls-clientcert: Redis and etcd only")
 	}
 	st.server.Close()
 	st.server = next

@@ -24,6 +24,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/withlock/withlock/internal/stress/faultproxy"
 )
 
 // ErrNoEtcd is returned by [StartEtcd] when etcd is not installed. Its
@@ -39,11 +41,29 @@ type Etcd struct {
 	*proc
 	Endpoint string // 127.0.0.1:PORT, as etcdctl --endpoints takes it
 	Root     string // root's password, once a test turned authentication on; Client uses it
+	// PeerProxy, with EtcdOptions.PeerProxies, stands in front of the
+	// member's peer port: every connection a peer makes to this member
+	// goes through it (this member's own connections to its peers go
+	// through theirs). Close closes it.
+	PeerProxy *faultproxy.Proxy
 }
+
+// EtcdCertCN is the Common Name of the certificate a server with TLS
+// serves and, with EtcdOptions.ClientCertAuth, takes from its clients
+// (Dir/server.crt and Dir/server.key).
+const EtcdCertCN = certCN
 
 // EtcdOptions say how [StartEtcd] starts a server.
 type EtcdOptions struct {
 	TLS bool // the client port speaks only TLS; client certificates not asked for
+	// ClientCertAuth, with TLS, makes the client port ask every client
+	// for a certificate the test CA signed (--client-cert-auth): the
+	// server's own pair is one, whose Common Name is EtcdCertCN.
+	ClientCertAuth bool
+	// PeerProxies, for StartEtcdCluster, puts a fault proxy in front of
+	// each member's peer port (Etcd.PeerProxy): a member's peer URL is its
+	// proxy's, so that a test can cut the member off from its peers.
+	PeerProxies bool
 	// Version is the release to run: "" the system's etcd (Debian's 3.4),
 	// or one of EtcdVersions, built from the Go module proxy
 	// (internal/testenv/etcd35 and its siblings) into the user's cache.
@@ -81,7 +101,7 @@ func etcdBinary(v string) (string, error) {
 
 // StartEtcd starts a new etcd on free ports, ready (it has elected itself).
 func StartEtcd(opts ...EtcdOptions) (*Etcd, error) {
-	return startEtcdMember(append(opts, EtcdOptions{})[0], "withlock", 0, "")
+	return startEtcdMember(append(opts, EtcdOptions{})[0], "withlock", 0, "", "")
 }
 
 // StartEtcdCluster starts a cluster of n new members, each on free ports
@@ -90,14 +110,32 @@ func StartEtcdCluster(n int, opts ...EtcdOptions) ([]*Etcd, error) {
 	o := append(opts, EtcdOptions{})[0]
 	peers := make([]string, n)
 	ports := make([]int, n)
+	advertised := make([]string, n)
+	proxies := make([]*faultproxy.Proxy, n)
+	closeProxies := func() {
+		for _, p := range proxies {
+			if p != nil {
+				p.Close()
+			}
+		}
+	}
 	for i := range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
+			closeProxies()
 			return nil, fmt.Errorf("testenv: %w", err)
 		}
 		ports[i] = l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		peers[i] = fmt.Sprintf("m%d=http://127.0.0.1:%d", i, ports[i])
+		advertised[i] = fmt.Sprintf("http://127.0.0.1:%d", ports[i])
+		if o.PeerProxies {
+			if proxies[i], err = faultproxy.Start(fmt.Sprintf("127.0.0.1:%d", ports[i])); err != nil {
+				closeProxies()
+				return nil, fmt.Errorf("testenv: %w", err)
+			}
+			advertised[i] = "http://" + proxies[i].Addr()
+		}
+		peers[i] = fmt.Sprintf("m%d=%s", i, advertised[i])
 	}
 	members := make([]*Etcd, n)
 	errs := make([]error, n)
@@ -106,7 +144,7 @@ func StartEtcdCluster(n int, opts ...EtcdOptions) ([]*Etcd, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			members[i], errs[i] = startEtcdMember(o, fmt.Sprintf("m%d", i), ports[i], strings.Join(peers, ","))
+			members[i], errs[i] = startEtcdMember(o, fmt.Sprintf("m%d", i), ports[i], advertised[i], strings.Join(peers, ","))
 		}()
 	}
 	wg.Wait()
@@ -116,15 +154,20 @@ func StartEtcdCluster(n int, opts ...EtcdOptions) ([]*Etcd, error) {
 				m.Close()
 			}
 		}
+		closeProxies()
 		return nil, err
+	}
+	for i, m := range members {
+		m.PeerProxy = proxies[i]
 	}
 	return members, nil
 }
 
 // startEtcdMember starts the member name of the cluster initialCluster
-// (etcd's --initial-cluster), whose peer port is peerPort; with no cluster,
-// a cluster of this one member, on a peer port of its own.
-func startEtcdMember(o EtcdOptions, name string, peerPort int, initialCluster string) (*Etcd, error) {
+// (etcd's --initial-cluster), whose peer port is peerPort and whose peer URL
+// is advertised ("": its peer port's); with no cluster, a cluster of this
+// one member, on a peer port of its own.
+func startEtcdMember(o EtcdOptions, name string, peerPort int, advertised, initialCluster string) (*Etcd, error) {
 	bin, err := etcdBinary(o.Version)
 	if err != nil {
 		return nil, err
@@ -149,18 +192,24 @@ func startEtcdMember(o EtcdOptions, name string, peerPort int, initialCluster st
 		}
 		client := e.clientURL()
 		peer := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+		if advertised == "" {
+			advertised = peer
+		}
 		cluster := initialCluster
 		if cluster == "" {
 			cluster = name + "=" + peer
 		}
 		cmd := exec.Command(bin, "--name", name, "--data-dir", "data", "--listen-client-urls", client,
-			"--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+			"--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", advertised,
 			"--initial-cluster", cluster, "--heartbeat-interval", "10", "--election-timeout", "100",
 			"--logger", "zap", "--log-outputs", "stderr", "--cert-file", "server.crt", "--key-file", "server.key")
 		if !o.TLS {
 			cmd.Args = cmd.Args[:len(cmd.Args)-4]
 		}
 		cmd.Args = append(cmd.Args, jwt...)
+		if o.TLS && o.ClientCertAuth {
+			cmd.Args = append(cmd.Args, "--client-cert-auth", "--trusted-ca-file", "ca.crt")
+		}
 		for _, kv := range os.Environ() { // it reads ETCD_* variables as flags
 			if !strings.HasPrefix(kv, "ETCD") {
 				cmd.Env = append(cmd.Env, kv)
@@ -231,7 +280,7 @@ func (e *Etcd) clientURL() string {
 
 // get reads path from the client port (its HTTP side).
 func (e *Etcd) get(path string) (string, error) {
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: e.tlsConfig()}}
 	defer c.CloseIdleConnections()
 	resp, err := c.Get(e.clientURL() + path)
 	if err != nil {
@@ -250,9 +299,33 @@ func (e *Etcd) Client() (*clientv3.Client, error) {
 		cfg.Username = ""
 	}
 	if e.CertFile != "" {
-		cfg.TLS = &tls.Config{InsecureSkipVerify: true} // a test's own server
+		cfg.TLS = e.tlsConfig()
 	}
 	return clientv3.New(cfg)
+}
+
+// tlsConfig is how a test's own checks speak TLS to the server: trusting
+// it, and showing the server's own pair to a server that asks for a client
+// certificate.
+func (e *Etcd) tlsConfig() *tls.Config {
+	cfg := &tls.Config{InsecureSkipVerify: true} // a test's own server
+	if e.CertFile != "" {
+		dir := filepath.Dir(e.CertFile)
+		if pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")); err == nil {
+			cfg.Certificates = []tls.Certificate{pair}
+		}
+	}
+	return cfg
+}
+
+// Close stops the server for good, removes its files, and closes its
+// PeerProxy.
+func (e *Etcd) Close() error {
+	err := e.proc.Close()
+	if e.PeerProxy != nil {
+		e.PeerProxy.Close()
+	}
+	return err
 }
 
 // Watchers is how many watches the server has open (its metric

@@ -79,7 +79,7 @@ func StartKube() (*Kube, error) {
 		return fail(err)
 	}
 	k.CAFile = p.CertFile
-	caKey, caDER, err := newCert(nil, nil)
+	caKey, caDER, err := newCert(nil, nil, "")
 	if err != nil {
 		return fail(err)
 	}

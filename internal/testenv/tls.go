@@ -22,22 +22,30 @@ import (
 // 127.0.0.1 alone, so that a client that connects to "localhost" meets a
 // certificate for another host name. It is good for client authentication
 // too: a test that makes a server ask for client certificates gives clients
-// the server's own pair.
+// the server's own pair, whose Common Name is certCN, or client.crt and
+// client.key, a pair for client authentication alone without a Common Name.
 func writeCerts(dir string, asUser *syscall.Credential) (caFile string, err error) {
-	caKey, caDER, err := newCert(nil, nil)
+	caKey, caDER, err := newCert(nil, nil, "")
 	if err != nil {
 		return "", err
 	}
 	ca, _ := x509.ParseCertificate(caDER)
-	key, der, err := newCert(ca, caKey)
+	key, der, err := newCert(ca, caKey, certCN)
+	if err != nil {
+		return "", err
+	}
+	clientKey, clientDER, err := newCert(ca, caKey, "")
 	if err != nil {
 		return "", err
 	}
 	keyDER, _ := x509.MarshalECPrivateKey(key)
+	clientKeyDER, _ := x509.MarshalECPrivateKey(clientKey)
 	files := map[string][]byte{
 		"ca.crt":     pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
 		"server.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		"server.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		"client.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: clientDER}),
+		"client.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: clientKeyDER}),
 	}
 	for name, data := range files {
 		file := filepath.Join(dir, name)
@@ -51,9 +59,12 @@ func writeCerts(dir string, asUser *syscall.Credential) (caFile string, err erro
 	return filepath.Join(dir, "ca.crt"), os.Chmod(filepath.Join(dir, "ca.crt"), 0o644)
 }
 
-// newCert makes a key and a certificate for 127.0.0.1 signed by parent, or a
-// CA's self-signed one when parent is nil.
-func newCert(parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*ecdsa.PrivateKey, []byte, error) {
+// certCN is the Common Name of the certificates writeCerts writes.
+const certCN = "withlock test server"
+
+// newCert makes a key and a certificate for 127.0.0.1 named cn signed by
+// parent, or a CA's self-signed one when parent is nil.
+func newCert(parent *x509.Certificate, parentKey *ecdsa.PrivateKey, cn string) (*ecdsa.PrivateKey, []byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, fmt.Errorf("testenv: %w", err)
@@ -61,7 +72,7 @@ func newCert(parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*ecdsa.Priv
 	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: "withlock test server"},
+		Subject:      pkix.Name{CommonName: cn},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,

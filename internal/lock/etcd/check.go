@@ -32,11 +32,14 @@ type memberStatus struct {
 const memberTimeout = 2 * time.Second
 
 // Findings reports the cluster's health (withlock check): every member that
-// MemberList names is asked for its status on its own client URL; a member
-// that does not answer, or a cluster without a leader, weakens every lock
-// (one more failure and no lock can be taken, renewed or released). The
-// probe lock itself took a lease and put and read a key under the lock's
-// prefix, so the rights a lock needs are shown already.
+// MemberList names is asked for its status on its own client URL, then,
+// if it knows a leader, for a linearizable read of the probe's keys, which
+// needs the leader as every lock's requests do; a member that does not
+// answer, knows no leader or cannot reach the one it knows (cut off from
+// its peers, it may still follow the leader), weakens every lock (one more
+// failure and no lock can be taken, renewed or released). The probe lock
+// itself took a lease and put and read a key under the lock's prefix, so
+// the rights a lock needs, and the read, are shown already.
 func (b *backend) Findings(ctx context.Context, probe string) ([]lock.Finding, error) {
 	var list struct {
 		Members []member `json:"members"`
@@ -45,7 +48,7 @@ func (b *backend) Findings(ctx context.Context, probe string) ([]lock.Finding, e
 		return []lock.Finding{{Name: "cluster", Status: lock.Warn,
 			Detail: fmt.Sprintf("etcd at %s would not list its members (%v): cannot tell whether a member is down", b.addr, err)}}, nil
 	}
-	var down, leaderless []string
+	var down, leaderless, cutOff []string
 	for _, m := range list.Members {
 		name := m.Name
 		if name == "" {
@@ -61,14 +64,19 @@ func (b *backend) Findings(ctx context.Context, probe string) ([]lock.Finding, e
 			down = append(down, fmt.Sprintf("%s at %s (%s)", name, m.ClientURLs[0], lock.Reason(err)))
 		case st.Leader == "" || st.Leader == "0":
 			leaderless = append(leaderless, name)
+		default:
+			if err := b.c.readAt(ctx, m.ClientURLs[0], Prefix(probe)); err != nil {
+				cutOff = append(cutOff, fmt.Sprintf("%s (%s)", name, lock.Reason(err)))
+			}
 		}
 	}
-	return []lock.Finding{clusterFinding(b.addr, len(list.Members), down, leaderless)}, nil
+	return []lock.Finding{clusterFinding(b.addr, len(list.Members), down, leaderless, cutOff)}, nil
 }
 
 // clusterFinding judges a cluster of n members of which down do not
-// answer and leaderless answer but know no leader.
-func clusterFinding(addr string, n int, down, leaderless []string) lock.Finding {
+// answer, leaderless answer but know no leader, and cutOff know one but
+// cannot serve a linearizable read.
+func clusterFinding(addr string, n int, down, leaderless, cutOff []string) lock.Finding {
 	quorum := n/2 + 1
 	spare := n - quorum // members that may fail with the cluster still up
 	switch {
@@ -76,6 +84,10 @@ func clusterFinding(addr string, n int, down, leaderless []string) lock.Finding 
 		return lock.Finding{Name: "cluster", Status: lock.Warn,
 			Detail: fmt.Sprintf("etcd at %s: members %s know no leader: no lock can be taken, renewed or released there until one is elected", addr, strings.Join(leaderless, ", ")),
 			Fix:    "bring the cluster's members back so that a majority can elect a leader"}
+	case len(cutOff) > 0:
+		return lock.Finding{Name: "cluster", Status: lock.Warn,
+			Detail: fmt.Sprintf("etcd at %s: members %s know a leader but cannot serve a linearizable read within %s: cut off from their peers? No lock can be taken, renewed or released through them; a URL that names others too moves on to those", addr, strings.Join(cutOff, "; "), memberTimeout),
+			Fix:    "restore those members' network to their peers, and name several members in the URL"}
 	case len(down) > 0:
 		return lock.Finding{Name: "cluster", Status: lock.Warn,
 			Detail: fmt.Sprintf("etcd at %s: %d of %d members do not answer: %s; the cluster holds locks while a majority (%d) is up, and %d more failures stop every lock", addr, len(down), n, strings.Join(down, "; "), quorum, max(n-len(down)-quorum+1, 0)),
@@ -91,11 +103,30 @@ func clusterFinding(addr string, n int, down, leaderless []string) lock.Finding 
 // statusAt asks the member whose client URL is base for its status, with
 // the client's token: the member may be none of the URL's endpoints.
 func (c *client) statusAt(ctx context.Context, base string) (*memberStatus, error) {
+	var st memberStatus
+	return &st, c.askMember(ctx, base, "/v3/maintenance/status", struct{}{}, &st)
+}
+
+// readAt counts the keys under prefix on the member whose client URL is
+// base, linearizably: the member must reach the leader to answer.
+func (c *client) readAt(ctx context.Context, base, prefix string) error {
+	var resp rangeResponse
+	return c.askMember(ctx, base, "/v3/kv/range", &rangeRequest{Key: []byte(prefix), RangeEnd: prefixEnd(prefix), CountOnly: true}, &resp)
+}
+
+// askMember sends in to path on the member whose client URL is base, with
+// the client's token, within memberTimeout, and decodes the answer into
+// out.
+func (c *client) askMember(ctx context.Context, base, path string, in, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, memberTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(base, "/")+"/v3/maintenance/status", bytes.NewReader([]byte("{}")))
+	body, err := json.Marshal(in)
 	if err != nil {
-		return nil, err
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(base, "/")+path, bytes.NewReader(body))
+	if err != nil {
+		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	c.mu.Lock()
@@ -105,15 +136,14 @@ func (c *client) statusAt(ctx context.Context, base string) (*memberStatus, erro
 	c.mu.Unlock()
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, httpError(resp)
+		return httpError(resp)
 	}
-	var st memberStatus
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return nil, fmt.Errorf("reading etcd's answer: %w", err)
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("reading etcd's answer: %w", err)
 	}
-	return &st, nil
+	return nil
 }

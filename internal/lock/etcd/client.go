@@ -109,6 +109,13 @@ const (
 	msgTooManyRequests  = "etcdserver: too many requests"
 )
 
+// msgGatewayCN is the gateway's plain-text answer (HTTP 400) to any request
+// whose client certificate has a Common Name, once the server asks for
+// client certificates (--client-cert-auth) and authentication is on: it
+// cannot pass the name on as the user, and refuses rather than serve the
+// request as another user. The request's auth token does not change that.
+const msgGatewayCN = "CommonName of client sending a request against gateway will be ignored and not used as expected"
+
 // is reports whether err is the server's error with message msg.
 func is(err error, msg string) bool {
 	var se *serverError
@@ -164,6 +171,9 @@ func httpError(resp *http.Response) error {
 	}
 	if e, ok := parseError(body, resp.StatusCode); ok {
 		return e
+	}
+	if resp.StatusCode == http.StatusBadRequest && strings.TrimSpace(string(body)) == msgGatewayCN {
+		return &serverError{code: codePermissionDenied, msg: msgGatewayCN, status: resp.StatusCode}
 	}
 	e := &serverError{code: codeUnknown, status: resp.StatusCode, foreign: true,
 		msg: fmt.Sprintf("HTTP %s to %s, not an answer of etcd's v3 API (etcd 3.4 or later serves it on its client port)", resp.Status, resp.Request.URL.Path)}
@@ -451,6 +461,7 @@ type rangeRequest struct {
 	SortOrder  string `json:"sort_order,omitempty"`
 	SortTarget string `json:"sort_target,omitempty"`
 	KeysOnly   bool   `json:"keys_only,omitempty"`
+	CountOnly  bool   `json:"count_only,omitempty"`
 	// MaxCreateRevision leaves out the keys created after it.
 	MaxCreateRevision int64 `json:"max_create_revision,omitempty,string"`
 }

@@ -187,6 +187,8 @@ func (b *backend) classify(err error) error {
 		// its server was closing ("grpc: the client connection is
 		// closing"), as it is while etcd stops.
 		return lock.Unreachable(what, msg)
+	case msg == msgGatewayCN:
+		return lock.Errorf(lock.ErrRefused, "%s refused the client certificate: with client certificates and authentication on, etcd's JSON gateway (which withlock speaks) refuses every certificate that has a Common Name, as it cannot take that name as the user; use a client certificate without a Common Name and give the user in the URL (etcds://USER:PASSWORD@HOST:PORT?cert=...&key=...)", what)
 	case msg == msgAuthFailed:
 		return lock.Errorf(lock.ErrRefused, "%s refused the user and password: %s", what, msg)
 	case msg == msgPermissionDenied:

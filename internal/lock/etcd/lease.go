@@ -32,13 +32,18 @@ func (l *lease) Token() int64 { return l.rev }
 // checks that the key is still there: a lease revoked (withlock release
 // --force) or expired, and a key deleted (etcdctl del), are ErrLost.
 func (l *lease) Keep(ctx context.Context) error {
-	if err := l.c.keepAliveOnce(ctx, l.id); err != nil {
+	kctx, cancel := l.b.keepCall(ctx)
+	err := l.c.keepAliveOnce(kctx, l.id)
+	cancel()
+	if err != nil {
 		if is(err, msgLeaseNotFound) {
 			return lock.Errorf(lock.ErrLost, "its etcd lease %x expired or was revoked (withlock release --force?)", l.id)
 		}
 		return l.b.classify(err)
 	}
-	resp, err := l.c.get(ctx, &rangeRequest{Key: []byte(l.key), KeysOnly: true})
+	kctx, cancel = l.b.keepCall(ctx)
+	resp, err := l.c.get(kctx, &rangeRequest{Key: []byte(l.key), KeysOnly: true})
+	cancel()
 	if err != nil {
 		return l.b.classify(err)
 	}
@@ -46,6 +51,20 @@ func (l *lease) Keep(ctx context.Context) error {
 		return lock.Errorf(lock.ErrLost, "its etcd key %s was deleted", l.key)
 	}
 	return nil
+}
+
+// keepCall bounds one request of Keep. With one endpoint, only ctx does:
+// the keep loop's deadline. With several, callTimeout and half the keep
+// loop's interval (ttl/6) do too, so that an endpoint that takes the request
+// but does not answer leaves time for the keep loop to try again, on the
+// next endpoint, before it must give the lock up: a member cut off from its
+// peers accepts a renewal and a linearizable read, then waits for a leader
+// it cannot reach, while the other members still hold the lock.
+func (b *backend) keepCall(ctx context.Context) (context.Context, context.CancelFunc) {
+	if len(b.c.endpoints) == 1 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, min(callTimeout, b.opts.TTL/6))
 }
 
 // Release deletes the key if it is still ours, then revokes the lease.
