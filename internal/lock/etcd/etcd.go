@@ -34,7 +34,6 @@ import (
 	"math"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -126,29 +125,11 @@ func tlsConfig(q url.Values, secure bool) (*tls.Config, error) {
 	if !secure {
 		return nil, nil
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if f := q.Get("cacert"); f != "" {
-		pem, err := os.ReadFile(f)
-		if err != nil {
-			return nil, lock.Errorf(lock.ErrUsage, "etcd URL: cacert: %v", err)
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, lock.Errorf(lock.ErrUsage, "etcd URL: cacert: no PEM certificate in %s", f)
-		}
+	cfg, err := lock.TLSFiles("etcd URL", q)
+	if cfg == nil && err == nil {
+		cfg = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	cert, key := q.Get("cert"), q.Get("key")
-	if (cert == "") != (key == "") {
-		return nil, lock.Errorf(lock.ErrUsage, "etcd URL: give both cert and key for a client certificate")
-	}
-	if cert != "" {
-		pair, err := tls.LoadX509KeyPair(cert, key)
-		if err != nil {
-			return nil, lock.Errorf(lock.ErrUsage, "etcd URL: cert and key: %v", err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
-	}
-	return cfg, nil
+	return cfg, err
 }
 
 func (b *backend) Close() error {
