@@ -45,12 +45,6 @@ func init() {
 	lock.Register("etcds", open)
 }
 
-var (
-	_ lock.Backend  = (*backend)(nil)
-	_ lock.Waiter   = (*backend)(nil)
-	_ lock.Expiring = (*lease)(nil)
-)
-
 // DefaultPort is the port of a HOST without one, as etcdctl assumes.
 const DefaultPort = "2379"
 

@@ -8,6 +8,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+var _ lock.Expiring = (*lease)(nil)
+
 // lease is a key in a lock's queue and the etcd lease it is attached to:
 // a held lock once TryAcquire or Acquire returns it.
 type lease struct {

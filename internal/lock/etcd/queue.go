@@ -11,6 +11,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+var _ lock.Waiter = (*backend)(nil)
+
 // Prefix is the prefix of name's keys, as `etcdctl lock NAME` has it
 // (concurrency.NewMutex).
 func Prefix(name string) string { return name + "/" }

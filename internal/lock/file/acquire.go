@@ -11,6 +11,13 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+// Exclusive and shared locks wait in flock(2); a semaphore's waiters are
+// woken when a file of the lock is closed.
+var (
+	_ lock.Waiter   = waiting{}
+	_ lock.Notifier = semaphore{}
+)
+
 // TryAcquire makes one attempt, in the backend's mode:
 //   - exclusive: LOCK_EX|LOCK_NB on the lock file, as flock -n does;
 //   - shared: LOCK_SH|LOCK_NB on the writer-waiting mark (held elsewhere

@@ -16,16 +16,6 @@ func init() {
 	lock.Register("file", open)
 }
 
-// Exclusive and shared locks wait in flock(2); a semaphore's waiters are
-// told of releases (see newBackend).
-var (
-	_ lock.Backend  = waiting{}
-	_ lock.Waiter   = waiting{}
-	_ lock.Backend  = semaphore{}
-	_ lock.Notifier = semaphore{}
-	_ lock.Watcher  = (*lease)(nil)
-)
-
 // maxEscaped is the longest escaped name used as a file name; longer ones
 // are hashed, which keeps the file name under NAME_MAX (255) with room for
 // ".lock" and a slot's or the mark's suffix.

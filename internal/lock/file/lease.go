@@ -10,6 +10,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+var _ lock.Watcher = (*lease)(nil)
+
 // lease is a lock held through its open files: the lock file, and the slot
 // of a semaphore or shared holder. Its methods are called by one goroutine
 // at a time, but release --force (breakNow, on breakSignal) may close it

@@ -12,6 +12,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+var _ lock.Notifier = (*backend)(nil)
+
 // TryAcquire takes the lock's Lease, or for a semaphore of N the first of
 // its N Leases that is free or has run out: one read (a get, or for a
 // semaphore one list of its slots), then one write.

@@ -20,12 +20,6 @@ func init() {
 	lock.Register("kubernetes", open)
 }
 
-var (
-	_ lock.Backend  = (*backend)(nil)
-	_ lock.Notifier = (*backend)(nil)
-	_ lock.Expiring = (*lease)(nil)
-)
-
 // Annotations and labels withlock puts on its Leases.
 const (
 	AnnotationName    = "withlock.io/name"

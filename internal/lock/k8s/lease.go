@@ -12,6 +12,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+var _ lock.Expiring = (*lease)(nil)
+
 // lease is a Lease we hold: obj is what our last write left.
 type lease struct {
 	b    *backend

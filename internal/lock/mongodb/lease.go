@@ -8,6 +8,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+var _ lock.Expiring = (*lease)(nil)
+
 type lease struct {
 	b     *backend
 	name  string

@@ -25,11 +25,6 @@ func init() {
 	lock.Register("mongodb+srv", open)
 }
 
-var (
-	_ lock.Backend  = (*backend)(nil)
-	_ lock.Expiring = (*lease)(nil)
-)
-
 // DefaultDatabase is the database used when the URL names none.
 const DefaultDatabase = "withlock"
 

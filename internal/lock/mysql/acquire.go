@@ -13,6 +13,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+var _ lock.Waiter = (*backend)(nil)
+
 // waitSeconds is how long one server-side wait (Waiter.Acquire) for an
 // exclusive lock lasts; a wait that runs out returns ErrHeld, as a lock
 // found held does. The socket gives up waitSlack later: by then the server

@@ -9,6 +9,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+var _ lock.Watcher = (*lease)(nil)
+
 // lease is a lock held by the backend's connection: the slot's key.
 type lease struct {
 	b    *backend

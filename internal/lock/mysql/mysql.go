@@ -30,12 +30,6 @@ func init() {
 	gomysql.SetLogger(&gomysql.NopLogger{})
 }
 
-var (
-	_ lock.Backend = (*backend)(nil)
-	_ lock.Waiter  = (*backend)(nil)
-	_ lock.Watcher = (*lease)(nil)
-)
-
 // keyPrefix starts every key. MySQL caps lock names at 64 characters:
 // the prefix and 55 hex digits fill them.
 const keyPrefix = "withlock:"

@@ -12,6 +12,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+var _ lock.Waiter = (*backend)(nil)
+
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
 	return b.take(ctx, name, false)
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+var _ lock.Watcher = (*lease)(nil)
+
 type lease struct {
 	b      *backend
 	conn   *pgx.Conn

@@ -28,12 +28,6 @@ func init() {
 	lock.Register("postgresql", open)
 }
 
-var (
-	_ lock.Backend = (*backend)(nil)
-	_ lock.Waiter  = (*backend)(nil)
-	_ lock.Watcher = (*lease)(nil)
-)
-
 // Keys derives the two int4 keys of pg_advisory_lock(k1, k2) from a lock
 // name: bytes 0-3 and 4-7 of SHA-256(name), each read as a little-endian
 // signed int32. The npm package advisory-lock derives its keys the same way,

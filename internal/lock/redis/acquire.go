@@ -10,6 +10,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
+var _ lock.Notifier = (*backend)(nil)
+
 // markTTL is how long an exclusive waiter's mark keeps new shared and
 // semaphore holders out. The waiter sets it again at each attempt, and a
 // waiter that is notified of releases still polls (lock.Notifier), so the

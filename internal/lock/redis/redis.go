@@ -25,12 +25,6 @@ func init() {
 	goredis.SetLogger(quiet{})
 }
 
-var (
-	_ lock.Backend  = (*backend)(nil)
-	_ lock.Notifier = (*backend)(nil)
-	_ lock.Expiring = (*lease)(nil)
-)
-
 type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
