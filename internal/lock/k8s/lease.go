@@ -2,7 +2,6 @@ package k8s
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"net/http"
 	"strconv"
@@ -102,11 +101,16 @@ func (l *lease) same(cur *LeaseObject) bool {
 // Release clears the holder, if the Lease is still as we left it.
 func (l *lease) Release(ctx context.Context) error {
 	_, created, err := l.b.c.update(ctx, l.ns, freed(l.obj))
-	if err == nil && created {
-		// Deleted meanwhile: this made a free copy, which does no harm.
-		return fmt.Errorf("k8s: the Lease %s/%s was deleted before the release", l.ns, l.obj.Metadata.Name)
-	}
+	return l.released(err, created)
+}
+
+// released sorts the answer to a release's write. A Lease that changed
+// meanwhile, or was deleted, was no longer ours (ErrNotOurs); a deleted
+// one was written again, free, which does no harm.
+func (l *lease) released(err error, created bool) error {
 	switch {
+	case err == nil && created:
+		return lock.Errorf(lock.ErrNotOurs, "k8s: the Lease %s/%s was deleted before the release", l.ns, l.obj.Metadata.Name)
 	case isCode(err, http.StatusConflict), isCode(err, http.StatusNotFound):
 		return lock.Errorf(lock.ErrNotOurs, "k8s: the Lease %s/%s was no longer ours at release", l.ns, l.obj.Metadata.Name)
 	case err != nil:
@@ -147,15 +151,8 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	out, created, err := l.b.c.updateAs(ctx, l.ns, next, manager)
 	if err == nil && created {
 		l.b.c.update(ctx, l.ns, freed(out)) // the copy this made: freed
-		return fmt.Errorf("k8s: the Lease %s/%s was deleted before the release", l.ns, l.obj.Metadata.Name)
 	}
-	switch {
-	case isCode(err, http.StatusConflict), isCode(err, http.StatusNotFound):
-		return lock.Errorf(lock.ErrNotOurs, "k8s: the Lease %s/%s was no longer ours at release", l.ns, l.obj.Metadata.Name)
-	case err != nil:
-		return l.b.classify(err, "update")
-	}
-	return nil
+	return l.released(err, created)
 }
 
 // holdManager is the field manager of the write of --hold-at-least, which
