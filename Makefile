@@ -60,10 +60,12 @@ bench: deps
 # black-holes the network, restarts and freezes the server, and freezes
 # holders. One line per backend and mode at the end; see CONTRIBUTING.md,
 # "The stress test". Then 100 waiters behind one holder per backend (make
-# test runs 10).
+# test runs 10). Then the Redis Cluster stress test, with a fault proxy in
+# front of one node, for 2 minutes per mode (make test runs seconds).
 STRESS_RUNS ?= 1000
 stress: deps
 	go test -count=1 -v -timeout 90m -parallel 4 -run '^(TestStress|TestManyWaiters)$$' ./internal/stress -stress.long -stress.runs $(STRESS_RUNS) -stress.waiters 100
+	go test -race -count=1 -v -timeout 30m -run '^TestClusterStress$$' ./internal/lock/redis -stress.long
 
 # A snapshot release into dist/ (RELEASING.md): goreleaser, pinned in
 # internal/tools, builds the archives, checksums.txt and the .deb/.rpm/.apk;

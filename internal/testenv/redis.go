@@ -34,7 +34,12 @@ const RedisFreshKey = "withlock-fresh"
 // rediss:// with TLS, without cacert (so that withlock refuses the server's
 // certificate), and with ClientCerts ?cert=...&key=... naming the client
 // certificate.
-type Redis struct{ *proc }
+type Redis struct {
+	*proc
+	// announce is the address a cluster node announces instead of its
+	// own (RedisOptions.Front); "" for its own.
+	announce string
+}
 
 // RedisOptions say how [StartRedis] starts a server.
 type RedisOptions struct {
@@ -48,6 +53,14 @@ type RedisOptions struct {
 	// Cluster starts it in cluster mode, a cluster of this one node that
 	// serves every hash slot.
 	Cluster bool
+	// Front, for StartRedisCluster, puts something (a fault proxy) in
+	// front of cluster nodes: it is called with each node's index and
+	// address once the node runs, and returns the address that the node
+	// announces to the cluster and its clients in place of its own
+	// (cluster-announce-ip and -port), or "" to announce its own. A cluster
+	// client follows the announced addresses, so all its traffic to that
+	// node goes there. The cluster bus stays on the node's own bus port.
+	Front func(node int, addr string) (string, error)
 
 	// clusterNode starts it in cluster mode serving no slot yet, to be
 	// made one of a cluster's masters (StartRedisCluster).
@@ -93,6 +106,7 @@ func StartRedis(opts ...RedisOptions) (*Redis, error) {
 		}
 		if o.Cluster || o.clusterNode {
 			conf += "cluster-enabled yes\ncluster-config-file nodes.conf\n"
+			conf += r.announceConf()
 		}
 		r.URL = u.String()
 		os.WriteFile(filepath.Join(r.Dir, "redis.conf"), []byte(conf), 0o600)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	neturl "net/url"
 	"strconv"
 	"strings"
@@ -22,29 +23,38 @@ const RedisSlots = 16384
 // slot's fresh key (RedisFreshKeyFor) holds its master's run_id, as on a
 // new [Redis].
 //
-// Its URL names every node, in go-redis's form for a cluster:
+// Its URL names every node as the cluster announces it (a node with a
+// RedisOptions.Front at the Front's address), in go-redis's form for a
+// cluster:
 // redis://:PASSWORD@127.0.0.1:PORT1?addr=127.0.0.1:PORT2&addr=127.0.0.1:PORT3.
-// Nodes[i].URL is node i's alone (redis://:PASSWORD@127.0.0.1:PORT/0).
+// Nodes[i].URL is node i's alone, at its own address
+// (redis://:PASSWORD@127.0.0.1:PORT/0).
 type RedisCluster struct {
 	URL   string
 	Nodes []*Redis
 }
 
 // StartRedisCluster starts a three-master cluster. Of opts, only Password
-// counts.
+// and Front count.
 func StartRedisCluster(opts ...RedisOptions) (*RedisCluster, error) {
 	o := append(opts, RedisOptions{})[0]
 	c := &RedisCluster{}
-	for range 3 {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 3 {
 		r, err := StartRedis(RedisOptions{Password: o.Password, clusterNode: true})
 		if err != nil {
 			c.Close()
 			return nil, err
 		}
 		c.Nodes = append(c.Nodes, r)
+		if o.Front != nil {
+			if err := r.front(ctx, i, o.Front); err != nil {
+				c.Close()
+				return nil, err
+			}
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	for i, r := range c.Nodes {
 		first, last := c.slots(i)
 		if _, err := RedisDo(ctx, r.URL, "CLUSTER", "ADDSLOTSRANGE", strconv.Itoa(first), strconv.Itoa(last)); err != nil {
@@ -70,10 +80,10 @@ func StartRedisCluster(opts ...RedisOptions) (*RedisCluster, error) {
 		}
 	}
 	u, _ := neturl.Parse(c.Nodes[0].URL)
-	u.Path = ""
+	u.Host, u.Path = c.Nodes[0].announced(), ""
 	q := neturl.Values{}
 	for _, r := range c.Nodes[1:] {
-		q.Add("addr", r.addr())
+		q.Add("addr", r.announced())
 	}
 	u.RawQuery = q.Encode()
 	c.URL = u.String()
@@ -102,18 +112,29 @@ func (c *RedisCluster) NodeOf(slot int) int {
 	return -1
 }
 
-// WaitOK returns once every node knows all three and says that the
-// cluster is ok (every slot served).
+// WaitOK returns once every node knows all three, at the addresses they
+// announce, and says that the cluster is ok (every slot served).
 func (c *RedisCluster) WaitOK(ctx context.Context) error {
 	for {
 		ok := true
 		var info string
 		var err error
+	nodes:
 		for _, r := range c.Nodes {
 			info, err = RedisDo(ctx, r.URL, "CLUSTER", "INFO")
 			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d\r", len(c.Nodes))) {
 				ok = false
 				break
+			}
+			if info, err = RedisDo(ctx, r.URL, "CLUSTER", "NODES"); err != nil {
+				ok = false
+				break
+			}
+			for _, other := range c.Nodes {
+				if !strings.Contains(info, " "+other.announced()+"@") {
+					ok = false
+					break nodes
+				}
 			}
 		}
 		if ok {
@@ -126,6 +147,51 @@ func (c *RedisCluster) WaitOK(ctx context.Context) error {
 		}
 	}
 }
+
+// front asks front for the address node i (r) announces, and makes r
+// announce it.
+func (r *Redis) front(ctx context.Context, i int, front func(node int, addr string) (string, error)) error {
+	addr, err := front(i, r.addr())
+	if err != nil || addr == "" {
+		return err
+	}
+	r.announce = addr
+	host, port, _ := net.SplitHostPort(addr)
+	for _, kv := range [][2]string{
+		{"cluster-announce-bus-port", strconv.Itoa(r.busPort())},
+		{"cluster-announce-ip", host},
+		{"cluster-announce-port", port},
+	} {
+		if _, err := RedisDo(ctx, r.URL, "CONFIG", "SET", kv[0], kv[1]); err != nil {
+			return fmt.Errorf("testenv: redis cluster: announce %s: %w", addr, err)
+		}
+	}
+	return nil
+}
+
+// announced is the address the node announces to the cluster: a Front's,
+// or its own.
+func (r *Redis) announced() string {
+	if r.announce != "" {
+		return r.announce
+	}
+	return r.addr()
+}
+
+// announceConf is the configuration of a node that announces a Front's
+// address, for its next start. The bus port is given too: by default it
+// would be announced as the announced port + 10000, where nothing listens.
+func (r *Redis) announceConf() string {
+	if r.announce == "" {
+		return ""
+	}
+	host, port, _ := net.SplitHostPort(r.announce)
+	return fmt.Sprintf("cluster-announce-ip %s\ncluster-announce-port %s\ncluster-announce-bus-port %d\n", host, port, r.busPort())
+}
+
+// busPort is the node's cluster bus port: Redis's default, its port +
+// 10000.
+func (r *Redis) busPort() int { return r.Port + 10000 }
 
 // Stop stops every node, keeping the cluster's configuration.
 func (c *RedisCluster) Stop() error { return c.each((*Redis).Stop) }

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 
@@ -158,9 +159,53 @@ func clusterOptions(o *goredis.Options) *goredis.ClusterOptions {
 }
 
 func (b *backend) useCluster(o *goredis.ClusterOptions) {
+	o.NewClient = func(o *goredis.Options) *goredis.Client {
+		c := goredis.NewClient(o)
+		c.AddHook(noResend{})
+		return c
+	}
 	b.cluster = goredis.NewClusterClient(o)
 	b.client = b.cluster
 }
+
+// noResend keeps the cluster client from sending a script again after a
+// connection failed under it. The cluster client retries a command on a
+// network error (up to MaxRedirects times, which must stay above zero to
+// follow MOVED and ASK), but a script may have run before the connection
+// failed: run again, the release script no longer finds its holder (its
+// first run deleted it) and says the lease was lost, and the acquire script
+// finds the place its first run took held by someone. An outage is the
+// truth, and the wait and keep loops in package lock decide when to try
+// again, as with a single server (MaxRetries -1).
+type noResend struct{}
+
+func (noResend) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (noResend) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+func (noResend) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		err := next(ctx, cmd)
+		var reply goredis.Error
+		if err == nil || errors.As(err, &reply) {
+			return err
+		}
+		switch cmd.Name() {
+		case "eval", "evalsha":
+			return mayHaveRun{err}
+		}
+		return err
+	}
+}
+
+// mayHaveRun is the network error of a script that may have run on the
+// server. It hides err from errors.Is and errors.As, by which the cluster
+// client decides to retry; classifyIn takes err out again.
+type mayHaveRun struct{ err error }
+
+func (e mayHaveRun) Error() string { return e.err.Error() }
 
 // node is the client of the server that holds key: the cluster's master
 // of key's slot, or the single server.

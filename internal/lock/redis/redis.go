@@ -313,6 +313,10 @@ func (b *backend) classify(err error) error { return b.classifyIn(err, nil) }
 // classifyIn is classify for an error of the script s (nil: of another
 // command) run with keys, which name what an ACL refused.
 func (b *backend) classifyIn(err error, s *luaScript, keys ...string) error {
+	var ran mayHaveRun
+	if errors.As(err, &ran) {
+		err = ran.err
+	}
 	var reply goredis.Error
 	if errors.As(err, &reply) {
 		msg := reply.Error()

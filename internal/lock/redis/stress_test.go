@@ -37,6 +37,13 @@ type stint struct {
 	mode        lock.Mode
 	enter, exit time.Time
 	stalled     bool // the holder stopped renewing; exit is its own deadline
+	// lost: the keep loop gave the lock up (it could not confirm it in
+	// time); exit is when it did.
+	lost bool
+	// unreleased: the release met an outage, and the lease was left to
+	// run out (or was released without the answer arriving), or it reached
+	// the server only after the lease had run out.
+	unreleased bool
 }
 
 // stressTTL is short, so that stalled holders' leases run out within the
@@ -56,10 +63,24 @@ const (
 // checks the same in what the server shows (Inspect).
 func TestModesStress(t *testing.T) {
 	r := testenv.RequireRedis(t)
-	for _, tc := range []struct {
-		desc string
-		cs   []contender
-	}{
+	for _, tc := range stressCases() {
+		t.Run(tc.desc, func(t *testing.T) {
+			stints, polls := stressUntilTested(t, r.URL, locktest.Name(t), tc.cs, stressRun, maxRounds, 0)
+			check(t, tc.cs, stints, polls, 0)
+		})
+	}
+}
+
+// stressCase is one mix of contenders on one name.
+type stressCase struct {
+	desc string
+	cs   []contender
+}
+
+// stressCases are the mixes of the stress tests: shared and exclusive
+// holders, and a semaphore of 3 with one exclusive contender.
+func stressCases() []stressCase {
+	return []stressCase{
 		{"shared and exclusive", slices.Concat(
 			repeat(9, contender{mode: lock.Shared}),
 			repeat(2, contender{mode: lock.Shared, stalls: true}),
@@ -69,25 +90,26 @@ func TestModesStress(t *testing.T) {
 			repeat(12, contender{mode: lock.Semaphore, n: 3}),
 			repeat(3, contender{mode: lock.Semaphore, n: 3, stalls: true}),
 			repeat(1, contender{mode: lock.Exclusive, idle: 500 * time.Millisecond}))},
-	} {
-		t.Run(tc.desc, func(t *testing.T) {
-			name := locktest.Name(t)
-			// A busy machine can run stressRun without the contention the
-			// check needs (two shared holders at once, a full semaphore, a
-			// holder that stalled): run again until it has happened.
-			var stints []stint
-			var polls int
-			for round := 1; ; round++ {
-				s, p := stress(t, r.URL, name, tc.cs)
-				stints, polls = append(stints, s...), polls+p
-				gaps := untested(tc.cs, sweep(tc.cs, stints), stints)
-				if len(gaps) == 0 || round == maxRounds || t.Failed() {
-					break
-				}
-				t.Logf("after %d runs of %s: %s; running again", round, stressRun, strings.Join(gaps, "; "))
-			}
-			check(t, tc.cs, stints, polls)
-		})
+	}
+}
+
+// stressUntilTested runs the contenders on name for run, and again while
+// the runs so far have not tested what they should (untested, with
+// minEach), at most rounds times, and returns every stint and poll.
+func stressUntilTested(t *testing.T, url, name string, cs []contender, run time.Duration, rounds, minEach int) ([]stint, int) {
+	// A busy machine can run without the contention the check needs (two
+	// shared holders at once, a full semaphore, a holder that stalled):
+	// run again until it has happened.
+	var stints []stint
+	var polls int
+	for round := 1; ; round++ {
+		s, p := stress(t, url, name, cs, run)
+		stints, polls = append(stints, s...), polls+p
+		gaps := untested(cs, sweep(cs, stints), stints, minEach)
+		if len(gaps) == 0 || round == rounds || t.Failed() {
+			return stints, polls
+		}
+		t.Logf("%s: after %d runs of %s: %s; running again", name, round, run, strings.Join(gaps, "; "))
 	}
 }
 
@@ -99,16 +121,16 @@ func repeat(n int, c contender) []contender {
 	return cs
 }
 
-// stress runs the contenders for stressRun and returns their stints, and
-// how many times the poller read the lock.
-func stress(t *testing.T, url, name string, cs []contender) ([]stint, int) {
+// stress runs the contenders for run and returns their stints, and how
+// many times the poller read the lock.
+func stress(t *testing.T, url, name string, cs []contender, run time.Duration) ([]stint, int) {
 	clients := make([]*lock.Client, len(cs))
 	for i, c := range cs {
 		clients[i] = locktest.Open(t, url, lock.Options{Mode: c.mode, MaxHolders: c.n, TTL: stressTTL,
 			Holder: lock.Holder{Host: "stress", PID: 1000 + i, Command: []string{"contender"}}})
 	}
-	stop := time.Now().Add(stressRun)
-	ctx, cancel := context.WithDeadline(locktest.Context(t), stop)
+	stop := time.Now().Add(run)
+	ctx, cancel := context.WithDeadline(t.Context(), stop)
 	defer cancel()
 
 	var (
@@ -192,14 +214,30 @@ func holdRenewing(ctx context.Context, c *lock.Client, name string, who int, rng
 	select {
 	case <-t.C:
 		s.exit = time.Now()
+		err := h.Release(context.Background())
+		// A release that met an outage leaves the lease to run out: the
+		// holder is out all the same.
+		s.unreleased = errors.Is(err, lock.ErrUnavailable)
+		// The keep loop had not given up, so the lease had at least Grace
+		// left on the server when Release began: a release held up for
+		// longer (a partition) may find it ended. One that was not, and
+		// finds it gone, shows a lease that vanished while held.
+		if err != nil && strings.Contains(err.Error(), "no longer ours at release") && time.Since(s.exit) > c.Options().Grace {
+			s.unreleased = true
+		}
 		record(s)
-		return h.Release(context.Background())
+		if s.unreleased {
+			return nil
+		}
+		return err
 	case <-h.Lost():
 		// The keep loop gives up TTL-Grace after the last renewal it saw
 		// succeed, before the lease can end: a command would stop now.
-		s.exit = time.Now()
+		s.exit, s.lost = time.Now(), true
 		record(s)
-		if err := h.Err(); !strings.Contains(err.Error(), "could not confirm") {
+		err := h.Err()
+		h.Release(context.Background()) // as withlock does: one short try, not reported
+		if !strings.Contains(err.Error(), "could not confirm") {
 			// The server itself said the lease was gone while its holder
 			// renewed it: a lock that two could hold.
 			return err
@@ -312,9 +350,21 @@ func sweep(cs []contender, stints []stint) sweepResult {
 	return r
 }
 
-// untested lists what the run should have tested and did not.
-func untested(cs []contender, r sweepResult, stints []stint) []string {
+// untested lists what the run should have tested and did not: with
+// minEach, every contender must have held the lock that many times.
+func untested(cs []contender, r sweepResult, stints []stint, minEach int) []string {
 	var gaps []string
+	if minEach > 0 {
+		held := make([]int, len(cs))
+		for _, s := range stints {
+			held[s.who]++
+		}
+		for who, n := range held {
+			if n < minEach {
+				gaps = append(gaps, fmt.Sprintf("contender %d (%s) held the lock %d times, fewer than %d", who, cs[who].mode, n, minEach))
+			}
+		}
+	}
 	if !slices.ContainsFunc(stints, func(s stint) bool { return s.stalled }) {
 		gaps = append(gaps, "no holder stopped renewing: the run did not test expiry")
 	}
@@ -332,23 +382,31 @@ func untested(cs []contender, r sweepResult, stints []stint) []string {
 
 // check fails t on any overlap of incompatible holders, and if the run
 // did not test what it should (no contention, nobody stalled, a mode
-// never taken).
-func check(t *testing.T, cs []contender, stints []stint, polls int) {
+// never taken, with minEach a contender that held the lock fewer times).
+func check(t *testing.T, cs []contender, stints []stint, polls, minEach int) {
 	r := sweep(cs, stints)
 	for _, o := range r.overlaps {
 		t.Error(o)
 	}
 	count := map[lock.Mode]int{}
-	stalled := 0
+	stalled, lost, unreleased := 0, 0, 0
+	held := make([]int, len(cs))
 	for _, s := range stints {
 		count[s.mode]++
+		held[s.who]++
 		if s.stalled {
 			stalled++
 		}
+		if s.lost {
+			lost++
+		}
+		if s.unreleased {
+			unreleased++
+		}
 	}
-	t.Logf("%d contenders, %d acquisitions (%d exclusive, %d shared, %d semaphore; %d by holders that stopped renewing), %d overlaps; peak inside at once: %d shared, %d semaphore; %d polls of the server",
-		len(cs), len(stints), count[lock.Exclusive], count[lock.Shared], count[lock.Semaphore], stalled, len(r.overlaps), r.peak[lock.Shared], r.peak[lock.Semaphore], polls)
-	for _, gap := range untested(cs, r, stints) {
+	t.Logf("%d contenders, %d acquisitions (%d exclusive, %d shared, %d semaphore; %d by holders that stopped renewing; %d to %d by one contender), %d lost, %d releases that met an outage or came after the lease ended, %d overlaps; peak inside at once: %d shared, %d semaphore; %d polls of the server",
+		len(cs), len(stints), count[lock.Exclusive], count[lock.Shared], count[lock.Semaphore], stalled, slices.Min(held), slices.Max(held), lost, unreleased, len(r.overlaps), r.peak[lock.Shared], r.peak[lock.Semaphore], polls)
+	for _, gap := range untested(cs, r, stints, minEach) {
 		t.Error(gap)
 	}
 }
