@@ -15,8 +15,11 @@ build:
 
 # Everything, against real servers, with the race detector; then the
 # release module's tests (they need Go modules only, not goreleaser).
+# Four tests at a time in a package, not one a core: the scripts and most
+# backend tests spend their time waiting for leases to run out and servers
+# to restart, not computing.
 test: deps lint
-	go test -race -count=1 -timeout 30m ./...
+	go test -race -count=1 -parallel 4 -timeout 30m ./...
 	cd internal/bench && go test -count=1 ./...
 	$(MAKE) test-release
 
