@@ -534,11 +534,9 @@ type authResponse struct {
 }
 
 type watchCreate struct {
-	Key           []byte   `json:"key"`
-	RangeEnd      []byte   `json:"range_end,omitempty"`
-	StartRevision int64    `json:"start_revision,omitempty,string"`
-	Filters       []string `json:"filters,omitempty"`
-	PrevKV        bool     `json:"prev_kv,omitempty"`
+	Key           []byte `json:"key"`
+	RangeEnd      []byte `json:"range_end,omitempty"`
+	StartRevision int64  `json:"start_revision,omitempty,string"`
 }
 
 type watchRequest struct {
@@ -546,9 +544,8 @@ type watchRequest struct {
 }
 
 type watchEvent struct {
-	Type   string    `json:"type"` // "DELETE", or absent for a put
-	Kv     *keyValue `json:"kv"`
-	PrevKv *keyValue `json:"prev_kv"`
+	Type string    `json:"type"` // "DELETE", or absent for a put
+	Kv   *keyValue `json:"kv"`
 }
 
 type watchResponse struct {
