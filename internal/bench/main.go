@@ -44,7 +44,7 @@ const (
 
 var (
 	onlyWaiting  = flag.Bool("waiting", false, "measure only what waiters cost the server")
-	waitBackends = flag.String("backends", strings.Join(backends, ","), "with -waiting: the backends measured, comma-separated")
+	waitBackends = flag.String("backends", strings.Join(backends, ","), "with -waiting or -handoff: the backends measured, comma-separated (-handoff without it: every row)")
 	onlyHandoff  = flag.Bool("handoff", false, "measure only the hand-off table")
 	onlyInit     = flag.Bool("init", false, "measure only package initialisation, by module")
 	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
@@ -112,6 +112,9 @@ func run() error {
 	}
 	if *onlyInit {
 		return initByModule(wl)
+	}
+	if *onlyHandoff && flagGiven("backends") {
+		return handoffFigures(work, wl, strings.Split(*waitBackends, ","))
 	}
 
 	pg, err := testenv.StartPostgres()
@@ -400,11 +403,65 @@ func startKube(work string) (*testenv.Kube, string, error) {
 // waitingFigures starts the servers of the backends named, and measures
 // what waiters cost them.
 func waitingFigures(work, wl string, names []string) error {
-	var (
-		s   servers
-		dbs []struct{ name, url string }
-		err error
-	)
+	s, dbs, stop, err := startServers(work, names)
+	defer stop()
+	if err != nil {
+		return err
+	}
+	return waitingOn(work, wl, dbs, s)
+}
+
+// handoffFigures starts the servers of the backends named, and measures
+// their hand-off beside flock's, and etcd's beside etcdctl lock's: the
+// hand-off table's rows of those backends alone.
+func handoffFigures(work, wl string, names []string) error {
+	s, dbs, stop, err := startServers(work, names)
+	defer stop()
+	if err != nil {
+		return err
+	}
+	flockFile := filepath.Join(work, "flock.lock")
+	type row struct {
+		name    string
+		lockCmd func(cmd string) []string
+	}
+	rows := []row{{"flock", func(cmd string) []string { return []string{"flock", flockFile, "sh", "-c", cmd} }}}
+	for _, db := range dbs {
+		rows = append(rows, row{"withlock " + db.name, func(cmd string) []string {
+			return []string{wl, "--db", db.url, "handoff", "--", "sh", "-c", cmd}
+		}})
+	}
+	if s.et != nil {
+		rows = append(rows, row{"etcdctl lock (etcd)", func(cmd string) []string {
+			return []string{"etcdctl", "--endpoints", s.et.Endpoint, "lock", "handoff", "--", "sh", "-c", cmd}
+		}})
+	}
+	fmt.Printf("## Hand-off: holder's command exits → waiter's command starts (%d trials)\n\n", handoffTrials)
+	fmt.Println("| contender | median | p90 | ÷ flock |")
+	fmt.Println("|---|---:|---:|---:|")
+	var flock float64
+	for _, r := range rows {
+		h, err := handoff(work, r.lockCmd)
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.name, err)
+		}
+		if flock == 0 {
+			flock = h.median
+		}
+		fmt.Printf("| %s | %s | %s | %.2f× |\n", r.name, ms(h.median), ms(h.p90), h.median/flock)
+	}
+	return nil
+}
+
+// startServers starts the servers of the backends named; stop stops those
+// that started, also when err says why the others did not.
+func startServers(work string, names []string) (s servers, dbs []struct{ name, url string }, stop func(), err error) {
+	var closers []func() error
+	stop = func() {
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
+	}
 	for _, n := range names {
 		url := ""
 		switch n {
@@ -412,42 +469,49 @@ func waitingFigures(work, wl string, names []string) error {
 			url = "file://" + filepath.Join(work, "locks")
 		case "postgres":
 			if s.pg, err = testenv.StartPostgres(); err == nil {
-				defer s.pg.Close()
+				closers = append(closers, s.pg.Close)
 				url = s.pg.URL
 			}
 		case "redis":
 			if s.rd, err = testenv.StartRedis(); err == nil {
-				defer s.rd.Close()
+				closers = append(closers, s.rd.Close)
 				url = s.rd.URL
 			}
 		case "mongodb":
 			if s.mg, err = testenv.StartMongo(); err == nil {
-				defer s.mg.Close()
+				closers = append(closers, s.mg.Close)
 				url = s.mg.URL
 			}
 		case "etcd":
 			if s.et, err = testenv.StartEtcd(); err == nil {
-				defer s.et.Close()
+				closers = append(closers, s.et.Close)
 				url = s.et.URL
 			}
 		case "mysql":
 			if s.md, err = testenv.StartMariaDB(); err == nil {
-				defer s.md.Close()
+				closers = append(closers, s.md.Close)
 				url = s.md.URL
 			}
 		case "k8s":
 			if s.kube, url, err = startKube(work); err == nil {
-				defer s.kube.Close()
+				closers = append(closers, s.kube.Close)
 			}
 		default:
-			return fmt.Errorf("-backends: no backend %q", n)
+			err = fmt.Errorf("-backends: no backend %q", n)
 		}
 		if err != nil {
-			return err
+			return s, nil, stop, err
 		}
 		dbs = append(dbs, struct{ name, url string }{n, url})
 	}
-	return waitingOn(work, wl, dbs, s)
+	return s, dbs, stop, nil
+}
+
+// flagGiven reports whether the flag name was on the command line.
+func flagGiven(name string) bool {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // waitingOn measures what waiters cost the servers of dbs.
