@@ -144,8 +144,9 @@ type Fenced interface {
 
 // Renewed is a Lease that a Waiter kept alive while it waited (a lease
 // backend that waits on the server's side, etcd): the lease runs from its
-// last renewal, which may be a moment before the wait ended, so the keep
-// loop counts from RenewedAt instead.
+// last renewal, which may be some time before the wait ended (up to the
+// interval of the waiter's renewals), so the keep loop counts from
+// RenewedAt instead.
 type Renewed interface {
 	// RenewedAt is when the last renewal (or the grant) was sent.
 	RenewedAt() time.Time

@@ -285,7 +285,8 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, error) 
 }
 
 // waitTurn watches name's keys from the revision after the one at which q
-// was read, until its events show that q[i], l's key, holds the lock. Only
+// was read, until its events show that q[i], l's key, holds the lock (or
+// that judge refuses the queue: a semaphore of another N). Only
 // the keys before l's own decide that (judge), and no key can join them
 // after the read (a new key's create revision is higher than l's), so the
 // events keep that part of the queue exact: a deletion takes a key out, a
