@@ -266,25 +266,13 @@ func run() error {
 		}
 		return func(cmd string) []string { return []string{wl, "--db", db, "handoff", "--", "sh", "-c", cmd} }
 	}
-	hand := map[string]summary{}
-	order := []string{"flock"}
-	if hand["flock"], err = handoff(work, lockCmd("")); err != nil {
-		return err
-	}
+	rows := []handoffRow{{"flock", lockCmd("")}}
 	clustered := append(dbs[:len(dbs):len(dbs)], struct{ name, url string }{"redis cluster", rc.URL})
 	for _, db := range clustered {
-		name := "withlock " + db.name
-		order = append(order, name)
-		if hand[name], err = handoff(work, lockCmd(db.url)); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
+		rows = append(rows, handoffRow{"withlock " + db.name, lockCmd(db.url)})
 	}
-	order = append(order, "etcdctl lock (etcd)")
-	if hand["etcdctl lock (etcd)"], err = handoff(work, func(cmd string) []string { return etcdctl("handoff", "sh", "-c", cmd) }); err != nil {
-		return fmt.Errorf("etcdctl lock: %w", err)
-	}
+	rows = append(rows, handoffRow{"etcdctl lock (etcd)", func(cmd string) []string { return etcdctl("handoff", "sh", "-c", cmd) }})
 	// The mysql client holding GET_LOCK around the same commands.
-	order = append(order, "mysql client")
 	// The client ends a "system" command at the first ';': the command goes
 	// in a file.
 	scripts := 0
@@ -294,12 +282,15 @@ func run() error {
 		os.WriteFile(f, []byte(cmd+"\n"), 0o644)
 		return f
 	}
-	if hand["mysql client"], err = handoff(work, func(cmd string) []string {
+	rows = append(rows, handoffRow{"mysql client", func(cmd string) []string {
 		return mysqlClient("SELECT GET_LOCK('handoff', 3600); system sh " + script(cmd) + "; SELECT RELEASE_LOCK('handoff')")
-	}); err != nil {
-		return fmt.Errorf("mysql client: %w", err)
+	}})
+	hand, err := handoffAll(work, rows)
+	if err != nil {
+		return err
 	}
-	for _, n := range order {
+	for _, r := range rows {
+		n := r.name
 		fmt.Printf("| %s | %s | %s | %.2f× |\n", n, ms(hand[n].median), ms(hand[n].p90), hand[n].median/hand["flock"].median)
 		collected.handoff = append(collected.handoff, bars{n, []float64{hand[n].median * 1000, hand[n].p90 * 1000}})
 		measured.set("handoff", n, hand[n].median*1000)
@@ -421,34 +412,27 @@ func handoffFigures(work, wl string, names []string) error {
 		return err
 	}
 	flockFile := filepath.Join(work, "flock.lock")
-	type row struct {
-		name    string
-		lockCmd func(cmd string) []string
-	}
-	rows := []row{{"flock", func(cmd string) []string { return []string{"flock", flockFile, "sh", "-c", cmd} }}}
+	rows := []handoffRow{{"flock", func(cmd string) []string { return []string{"flock", flockFile, "sh", "-c", cmd} }}}
 	for _, db := range dbs {
-		rows = append(rows, row{"withlock " + db.name, func(cmd string) []string {
+		rows = append(rows, handoffRow{"withlock " + db.name, func(cmd string) []string {
 			return []string{wl, "--db", db.url, "handoff", "--", "sh", "-c", cmd}
 		}})
 	}
 	if s.et != nil {
-		rows = append(rows, row{"etcdctl lock (etcd)", func(cmd string) []string {
+		rows = append(rows, handoffRow{"etcdctl lock (etcd)", func(cmd string) []string {
 			return []string{"etcdctl", "--endpoints", s.et.Endpoint, "lock", "handoff", "--", "sh", "-c", cmd}
 		}})
+	}
+	hand, err := handoffAll(work, rows)
+	if err != nil {
+		return err
 	}
 	fmt.Printf("## Hand-off: holder's command exits → waiter's command starts (%d trials)\n\n", handoffTrials)
 	fmt.Println("| contender | median | p90 | ÷ flock |")
 	fmt.Println("|---|---:|---:|---:|")
-	var flock float64
 	for _, r := range rows {
-		h, err := handoff(work, r.lockCmd)
-		if err != nil {
-			return fmt.Errorf("%s: %w", r.name, err)
-		}
-		if flock == 0 {
-			flock = h.median
-		}
-		fmt.Printf("| %s | %s | %s | %.2f× |\n", r.name, ms(h.median), ms(h.p90), h.median/flock)
+		h := hand[r.name]
+		fmt.Printf("| %s | %s | %s | %.2f× |\n", r.name, ms(h.median), ms(h.p90), h.median/hand["flock"].median)
 	}
 	return nil
 }
@@ -613,36 +597,60 @@ func hyperfine(work string, cs []contender) (map[string]summary, error) {
 	return m, nil
 }
 
-// handoff runs trials in which a holder's command sleeps while a waiter
-// queues, then exits; the commands write their own timestamps.
-func handoff(work string, lockCmd func(cmd string) []string) (summary, error) {
-	var lat []float64
-	dir := filepath.Join(work, "handoff")
-	for i := 0; i < handoffTrials; i++ {
-		os.RemoveAll(dir)
-		os.MkdirAll(dir, 0o755)
-		f := func(n string) string { return filepath.Join(dir, n) }
-		holder := command(lockCmd(fmt.Sprintf("echo x > %s; sleep 0.3; date +%%s%%N > %s", f("held"), f("end"))))
-		if err := holder.Start(); err != nil {
-			return summary{}, err
+// handoffRow is a contender of the hand-off table: lockCmd(cmd) runs the
+// shell command cmd under its lock.
+type handoffRow struct {
+	name    string
+	lockCmd func(cmd string) []string
+}
+
+// handoffAll measures the hand-off of every row, handoffTrials times, one
+// trial of each row in turn, so that a busy moment of the machine falls on
+// every row alike rather than on the row that was measuring then.
+func handoffAll(work string, rows []handoffRow) (map[string]summary, error) {
+	lat := map[string][]float64{}
+	for range handoffTrials {
+		for _, r := range rows {
+			d, err := handoff(work, r.lockCmd)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", r.name, err)
+			}
+			lat[r.name] = append(lat[r.name], d)
 		}
-		for !exists(f("held")) {
-			time.Sleep(2 * time.Millisecond)
-		}
-		waiter := command(lockCmd(fmt.Sprintf("date +%%s%%N > %s", f("start"))))
-		if err := waiter.Start(); err != nil {
-			return summary{}, err
-		}
-		if err := holder.Wait(); err != nil {
-			return summary{}, fmt.Errorf("holder: %w", err)
-		}
-		if err := waiter.Wait(); err != nil {
-			return summary{}, fmt.Errorf("waiter: %w", err)
-		}
-		end, start := readNanos(f("end")), readNanos(f("start"))
-		lat = append(lat, float64(start-end)/1e9)
 	}
-	return summarize(lat), nil
+	hand := map[string]summary{}
+	for n, xs := range lat {
+		hand[n] = summarize(xs)
+	}
+	return hand, nil
+}
+
+// handoff is one trial: the time, in seconds, from the end of the holder's
+// command to the start of the waiter's, under lockCmd's lock.
+func handoff(work string, lockCmd func(cmd string) []string) (float64, error) {
+	dir := filepath.Join(work, "handoff")
+	os.RemoveAll(dir)
+	os.MkdirAll(dir, 0o755)
+	f := func(n string) string { return filepath.Join(dir, n) }
+	holder := command(lockCmd(fmt.Sprintf("echo x > %s; sleep 0.3; date +%%s%%N > %s", f("held"), f("end"))))
+	if err := holder.Start(); err != nil {
+		return 0, err
+	}
+	for !exists(f("held")) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	waiter := command(lockCmd(fmt.Sprintf("date +%%s%%N > %s", f("start"))))
+	if err := waiter.Start(); err != nil {
+		return 0, err
+	}
+	if err := holder.Wait(); err != nil {
+		return 0, fmt.Errorf("holder: %w", err)
+	}
+	if err := waiter.Wait(); err != nil {
+		return 0, fmt.Errorf("waiter: %w", err)
+	}
+	end, start := readNanos(f("end")), readNanos(f("start"))
+	return float64(start-end) / 1e9, nil
 }
 
 // contention runs contenders processes, each running argv n times in turn,
