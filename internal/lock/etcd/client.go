@@ -534,9 +534,10 @@ type authResponse struct {
 }
 
 type watchCreate struct {
-	Key           []byte `json:"key"`
-	RangeEnd      []byte `json:"range_end,omitempty"`
-	StartRevision int64  `json:"start_revision,omitempty,string"`
+	Key           []byte   `json:"key"`
+	RangeEnd      []byte   `json:"range_end,omitempty"`
+	StartRevision int64    `json:"start_revision,omitempty,string"`
+	Filters       []string `json:"filters,omitempty"`
 }
 
 type watchRequest struct {

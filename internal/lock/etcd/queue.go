@@ -216,8 +216,13 @@ func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, in
 	return l, q, i, nil
 }
 
-// place returns the queue in kvs and l's place in it.
+// place returns the queue in kvs and l's place in it, and notes whether
+// kvs had a latent key before l's.
 func (l *lease) place(kvs []*keyValue) ([]entry, int, error) {
+	prefix := Prefix(l.name)
+	l.latent = slices.ContainsFunc(kvs, func(kv *keyValue) bool {
+		return kv.CreateRevision < l.rev && kv.Lease == 0 && strings.HasPrefix(string(kv.Key), prefix) && lockID(string(kv.Key[len(prefix):]))
+	})
 	q := queue(l.name, kvs)
 	for i, e := range q {
 		if e.key == l.key && e.rev == l.rev {
@@ -307,6 +312,13 @@ func (l *lease) waitTurn(ctx context.Context, q []entry, i int) ([]entry, int, b
 	defer cancel()
 	prefix := Prefix(l.name)
 	w := watchCreate{Key: []byte(prefix), RangeEnd: prefixEnd(prefix), StartRevision: l.seen + 1}
+	if l.b.opts.Mode == lock.Exclusive && !l.latent {
+		// An exclusive key waits for every earlier key whatever its
+		// record, and without a latent key no put can add one: the
+		// deletions are all it needs, and the waiters are not woken by
+		// every key that joins the queue.
+		w.Filters = []string{"NOPUT"}
+	}
 	// The watch's answers come from a goroutine of their own, so that the
 	// lease is renewed while it waits for them. It ends with wctx.
 	type answer struct {
