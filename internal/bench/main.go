@@ -44,7 +44,7 @@ const (
 
 var (
 	onlyWaiting  = flag.Bool("waiting", false, "measure only what waiters cost the server")
-	waitBackends = flag.String("backends", strings.Join(backends, ","), "with -waiting: the backends measured, comma-separated")
+	waitBackends = flag.String("backends", strings.Join(backends, ","), "with -waiting or -handoff: the backends measured, comma-separated (-handoff without it: every row)")
 	onlyHandoff  = flag.Bool("handoff", false, "measure only the hand-off table")
 	onlyInit     = flag.Bool("init", false, "measure only package initialisation, by module")
 	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
@@ -112,6 +112,9 @@ func run() error {
 	}
 	if *onlyInit {
 		return initByModule(wl)
+	}
+	if *onlyHandoff && flagGiven("backends") {
+		return handoffFigures(work, wl, strings.Split(*waitBackends, ","))
 	}
 
 	pg, err := testenv.StartPostgres()
@@ -263,25 +266,13 @@ func run() error {
 		}
 		return func(cmd string) []string { return []string{wl, "--db", db, "handoff", "--", "sh", "-c", cmd} }
 	}
-	hand := map[string]summary{}
-	order := []string{"flock"}
-	if hand["flock"], err = handoff(work, lockCmd("")); err != nil {
-		return err
-	}
+	rows := []handoffRow{{"flock", lockCmd("")}}
 	clustered := append(dbs[:len(dbs):len(dbs)], struct{ name, url string }{"redis cluster", rc.URL})
 	for _, db := range clustered {
-		name := "withlock " + db.name
-		order = append(order, name)
-		if hand[name], err = handoff(work, lockCmd(db.url)); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
+		rows = append(rows, handoffRow{"withlock " + db.name, lockCmd(db.url)})
 	}
-	order = append(order, "etcdctl lock (etcd)")
-	if hand["etcdctl lock (etcd)"], err = handoff(work, func(cmd string) []string { return etcdctl("handoff", "sh", "-c", cmd) }); err != nil {
-		return fmt.Errorf("etcdctl lock: %w", err)
-	}
+	rows = append(rows, handoffRow{"etcdctl lock (etcd)", func(cmd string) []string { return etcdctl("handoff", "sh", "-c", cmd) }})
 	// The mysql client holding GET_LOCK around the same commands.
-	order = append(order, "mysql client")
 	// The client ends a "system" command at the first ';': the command goes
 	// in a file.
 	scripts := 0
@@ -291,12 +282,15 @@ func run() error {
 		os.WriteFile(f, []byte(cmd+"\n"), 0o644)
 		return f
 	}
-	if hand["mysql client"], err = handoff(work, func(cmd string) []string {
+	rows = append(rows, handoffRow{"mysql client", func(cmd string) []string {
 		return mysqlClient("SELECT GET_LOCK('handoff', 3600); system sh " + script(cmd) + "; SELECT RELEASE_LOCK('handoff')")
-	}); err != nil {
-		return fmt.Errorf("mysql client: %w", err)
+	}})
+	hand, err := handoffAll(work, rows)
+	if err != nil {
+		return err
 	}
-	for _, n := range order {
+	for _, r := range rows {
+		n := r.name
 		fmt.Printf("| %s | %s | %s | %.2f× |\n", n, ms(hand[n].median), ms(hand[n].p90), hand[n].median/hand["flock"].median)
 		collected.handoff = append(collected.handoff, bars{n, []float64{hand[n].median * 1000, hand[n].p90 * 1000}})
 		measured.set("handoff", n, hand[n].median*1000)
@@ -400,11 +394,58 @@ func startKube(work string) (*testenv.Kube, string, error) {
 // waitingFigures starts the servers of the backends named, and measures
 // what waiters cost them.
 func waitingFigures(work, wl string, names []string) error {
-	var (
-		s   servers
-		dbs []struct{ name, url string }
-		err error
-	)
+	s, dbs, stop, err := startServers(work, names)
+	defer stop()
+	if err != nil {
+		return err
+	}
+	return waitingOn(work, wl, dbs, s)
+}
+
+// handoffFigures starts the servers of the backends named, and measures
+// their hand-off beside flock's, and etcd's beside etcdctl lock's: the
+// hand-off table's rows of those backends alone.
+func handoffFigures(work, wl string, names []string) error {
+	s, dbs, stop, err := startServers(work, names)
+	defer stop()
+	if err != nil {
+		return err
+	}
+	flockFile := filepath.Join(work, "flock.lock")
+	rows := []handoffRow{{"flock", func(cmd string) []string { return []string{"flock", flockFile, "sh", "-c", cmd} }}}
+	for _, db := range dbs {
+		rows = append(rows, handoffRow{"withlock " + db.name, func(cmd string) []string {
+			return []string{wl, "--db", db.url, "handoff", "--", "sh", "-c", cmd}
+		}})
+	}
+	if s.et != nil {
+		rows = append(rows, handoffRow{"etcdctl lock (etcd)", func(cmd string) []string {
+			return []string{"etcdctl", "--endpoints", s.et.Endpoint, "lock", "handoff", "--", "sh", "-c", cmd}
+		}})
+	}
+	hand, err := handoffAll(work, rows)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("## Hand-off: holder's command exits → waiter's command starts (%d trials)\n\n", handoffTrials)
+	fmt.Println("| contender | median | p90 | ÷ flock |")
+	fmt.Println("|---|---:|---:|---:|")
+	for _, r := range rows {
+		h := hand[r.name]
+		fmt.Printf("| %s | %s | %s | %.2f× |\n", r.name, ms(h.median), ms(h.p90), h.median/hand["flock"].median)
+	}
+	return nil
+}
+
+// startServers starts the servers of the backends named; stop stops those
+// that started, also when err says why the others did not.
+func startServers(work string, names []string) (s servers, dbs []struct{ name, url string }, stop func(), err error) {
+	var closers []func() error
+	stop = func() {
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
+	}
 	for _, n := range names {
 		url := ""
 		switch n {
@@ -412,42 +453,49 @@ func waitingFigures(work, wl string, names []string) error {
 			url = "file://" + filepath.Join(work, "locks")
 		case "postgres":
 			if s.pg, err = testenv.StartPostgres(); err == nil {
-				defer s.pg.Close()
+				closers = append(closers, s.pg.Close)
 				url = s.pg.URL
 			}
 		case "redis":
 			if s.rd, err = testenv.StartRedis(); err == nil {
-				defer s.rd.Close()
+				closers = append(closers, s.rd.Close)
 				url = s.rd.URL
 			}
 		case "mongodb":
 			if s.mg, err = testenv.StartMongo(); err == nil {
-				defer s.mg.Close()
+				closers = append(closers, s.mg.Close)
 				url = s.mg.URL
 			}
 		case "etcd":
 			if s.et, err = testenv.StartEtcd(); err == nil {
-				defer s.et.Close()
+				closers = append(closers, s.et.Close)
 				url = s.et.URL
 			}
 		case "mysql":
 			if s.md, err = testenv.StartMariaDB(); err == nil {
-				defer s.md.Close()
+				closers = append(closers, s.md.Close)
 				url = s.md.URL
 			}
 		case "k8s":
 			if s.kube, url, err = startKube(work); err == nil {
-				defer s.kube.Close()
+				closers = append(closers, s.kube.Close)
 			}
 		default:
-			return fmt.Errorf("-backends: no backend %q", n)
+			err = fmt.Errorf("-backends: no backend %q", n)
 		}
 		if err != nil {
-			return err
+			return s, nil, stop, err
 		}
 		dbs = append(dbs, struct{ name, url string }{n, url})
 	}
-	return waitingOn(work, wl, dbs, s)
+	return s, dbs, stop, nil
+}
+
+// flagGiven reports whether the flag name was on the command line.
+func flagGiven(name string) bool {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // waitingOn measures what waiters cost the servers of dbs.
@@ -549,36 +597,60 @@ func hyperfine(work string, cs []contender) (map[string]summary, error) {
 	return m, nil
 }
 
-// handoff runs trials in which a holder's command sleeps while a waiter
-// queues, then exits; the commands write their own timestamps.
-func handoff(work string, lockCmd func(cmd string) []string) (summary, error) {
-	var lat []float64
-	dir := filepath.Join(work, "handoff")
-	for i := 0; i < handoffTrials; i++ {
-		os.RemoveAll(dir)
-		os.MkdirAll(dir, 0o755)
-		f := func(n string) string { return filepath.Join(dir, n) }
-		holder := command(lockCmd(fmt.Sprintf("echo x > %s; sleep 0.3; date +%%s%%N > %s", f("held"), f("end"))))
-		if err := holder.Start(); err != nil {
-			return summary{}, err
+// handoffRow is a contender of the hand-off table: lockCmd(cmd) runs the
+// shell command cmd under its lock.
+type handoffRow struct {
+	name    string
+	lockCmd func(cmd string) []string
+}
+
+// handoffAll measures the hand-off of every row, handoffTrials times, one
+// trial of each row in turn, so that a busy moment of the machine falls on
+// every row alike rather than on the row that was measuring then.
+func handoffAll(work string, rows []handoffRow) (map[string]summary, error) {
+	lat := map[string][]float64{}
+	for range handoffTrials {
+		for _, r := range rows {
+			d, err := handoff(work, r.lockCmd)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", r.name, err)
+			}
+			lat[r.name] = append(lat[r.name], d)
 		}
-		for !exists(f("held")) {
-			time.Sleep(2 * time.Millisecond)
-		}
-		waiter := command(lockCmd(fmt.Sprintf("date +%%s%%N > %s", f("start"))))
-		if err := waiter.Start(); err != nil {
-			return summary{}, err
-		}
-		if err := holder.Wait(); err != nil {
-			return summary{}, fmt.Errorf("holder: %w", err)
-		}
-		if err := waiter.Wait(); err != nil {
-			return summary{}, fmt.Errorf("waiter: %w", err)
-		}
-		end, start := readNanos(f("end")), readNanos(f("start"))
-		lat = append(lat, float64(start-end)/1e9)
 	}
-	return summarize(lat), nil
+	hand := map[string]summary{}
+	for n, xs := range lat {
+		hand[n] = summarize(xs)
+	}
+	return hand, nil
+}
+
+// handoff is one trial: the time, in seconds, from the end of the holder's
+// command to the start of the waiter's, under lockCmd's lock.
+func handoff(work string, lockCmd func(cmd string) []string) (float64, error) {
+	dir := filepath.Join(work, "handoff")
+	os.RemoveAll(dir)
+	os.MkdirAll(dir, 0o755)
+	f := func(n string) string { return filepath.Join(dir, n) }
+	holder := command(lockCmd(fmt.Sprintf("echo x > %s; sleep 0.3; date +%%s%%N > %s", f("held"), f("end"))))
+	if err := holder.Start(); err != nil {
+		return 0, err
+	}
+	for !exists(f("held")) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	waiter := command(lockCmd(fmt.Sprintf("date +%%s%%N > %s", f("start"))))
+	if err := waiter.Start(); err != nil {
+		return 0, err
+	}
+	if err := holder.Wait(); err != nil {
+		return 0, fmt.Errorf("holder: %w", err)
+	}
+	if err := waiter.Wait(); err != nil {
+		return 0, fmt.Errorf("waiter: %w", err)
+	}
+	end, start := readNanos(f("end")), readNanos(f("start"))
+	return float64(start-end) / 1e9, nil
 }
 
 // contention runs contenders processes, each running argv n times in turn,

@@ -549,7 +549,6 @@ type watchCreate struct {
 	RangeEnd      []byte   `json:"range_end,omitempty"`
 	StartRevision int64    `json:"start_revision,omitempty,string"`
 	Filters       []string `json:"filters,omitempty"`
-	PrevKV        bool     `json:"prev_kv,omitempty"`
 }
 
 type watchRequest struct {
@@ -557,9 +556,8 @@ type watchRequest struct {
 }
 
 type watchEvent struct {
-	Type   string    `json:"type"` // "DELETE", or absent for a put
-	Kv     *keyValue `json:"kv"`
-	PrevKv *keyValue `json:"prev_kv"`
+	Type string    `json:"type"` // "DELETE", or absent for a put
+	Kv   *keyValue `json:"kv"`
 }
 
 type watchResponse struct {

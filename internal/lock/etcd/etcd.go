@@ -7,9 +7,10 @@
 // Each holder and each waiter has a lease of --ttl and a key NAME/<lease ID
 // in lower-case hex> attached to it, put only if absent. The keys of NAME,
 // in the order of their create revisions, are its queue: the first key
-// holds an exclusive lock, and a waiter watches the key just before its own
-// until it is deleted, so that a hand-off needs no polling. A key's create
-// revision grows with every acquisition and is the fencing token.
+// holds an exclusive lock, and a waiter watches NAME's keys until their
+// events show no key left before its own, so that a hand-off needs no
+// polling and no read after the release. A key's create revision grows
+// with every acquisition and is the fencing token.
 //
 // The key's value is the holder's record (JSON: mode, N, host, pid,
 // command, when it acquired). A key without one, such as etcdctl's, is an
@@ -18,7 +19,9 @@
 // its own; `etcdctl lock` waits for every earlier key, so it still excludes
 // and is excluded by both.
 //
-// The requests are those of concurrency.Mutex's TryLock and Lock, but
+// The request that queues is that of concurrency.Mutex's TryLock and Lock
+// (its Lock reads the queue again after each deletion it waits for, where
+// withlock follows the watch's events), but
 // withlock's lease is kept by lock.Held alone, one KeepAlive request per
 // Keep, so that one loop decides when the lock is lost (a
 // concurrency.Session keeps its lease alive with a loop of its own).

@@ -2,10 +2,12 @@ package etcd_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -892,5 +894,146 @@ func TestSilentWatch(t *testing.T) {
 		}
 	case <-time.After(ttl/3 + 5*time.Second):
 		t.Fatalf("the waiter did not get the lock within ttl/3 + 5s of the release")
+	}
+}
+
+// A hand-off is the holder's delete and the waiter's watch event: between
+// the two the waiter sends nothing, neither a read of the queue nor a
+// renewal, so that its command starts one event after the release.
+func TestHandOffWithoutRead(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	target, _ := url.Parse("http://" + e.Endpoint)
+	forward := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	var sent []string // the waiter's requests, but for its record's rewrite
+	counting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if r.URL.Path != "/v3/kv/txn" || !bytes.Contains(body, []byte("request_put")) || bytes.Contains(body, []byte("request_range")) {
+			mu.Lock()
+			sent = append(sent, r.URL.Path)
+			mu.Unlock()
+		}
+		forward.ServeHTTP(w, r)
+	}))
+	defer counting.Close()
+	name := locktest.Name(t)
+	ha, err := locktest.Open(t, e.URL, lock.Options{}).Acquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A ttl that no renewal falls within the test.
+	b := locktest.Open(t, "etcd://"+strings.TrimPrefix(counting.URL, "http://"), lock.Options{TTL: time.Minute})
+	got := make(chan *lock.Held, 1)
+	go func() {
+		h, err := b.Acquire(locktest.Context(t), name)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	waitWatchers(t, e, 1)
+	mu.Lock()
+	sent = nil
+	mu.Unlock()
+	if err := ha.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	h := <-got
+	mu.Lock()
+	between := sent
+	mu.Unlock()
+	if h == nil {
+		return
+	}
+	defer h.Release(locktest.Context(t))
+	if len(between) > 0 {
+		t.Errorf("between the release and the grant the waiter sent %q; want nothing", between)
+	}
+}
+
+// A waiter takes the lock from watch events only while they show every key
+// before its own gone and its own still there: a key made a lock key by
+// hand ahead of it (a lease attached to an older key) is waited for, and a
+// waiter whose own key was deleted does not take the lock.
+func TestWaitFollowsTheQueue(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	c := client(t, e)
+	ctx := locktest.Context(t)
+	name := locktest.Name(t)
+	// An older key of name with a lease ID's form but no lease: not a lock
+	// key, until a lease is attached to it.
+	byHand := etcd.Prefix(name) + "abc"
+	if _, err := c.Put(ctx, byHand, ""); err != nil {
+		t.Fatal(err)
+	}
+	a := locktest.Open(t, e.URL, lock.Options{})
+	ha, err := a.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := locktest.Open(t, e.URL, lock.Options{})
+	got := make(chan *lock.Held, 1)
+	go func() {
+		h, err := b.Acquire(ctx, name)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	waitWatchers(t, e, 1)
+	g, err := c.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, byHand, "", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ha.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case h := <-got:
+		t.Fatalf("the waiter took the lock while a key before its own was there (%v)", h != nil)
+	case <-time.After(500 * time.Millisecond): // it must not return: a wait is the check
+	}
+	if _, err := c.Revoke(ctx, g.ID); err != nil {
+		t.Fatal(err)
+	}
+	h := <-got
+	if h == nil {
+		return
+	}
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The waiter's own key deleted while it waits: the deletion of the key
+	// before it does not give it the lock.
+	ha, err = a.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		l, _, err := b.Backend.(lock.Waiter).Acquire(ctx, name)
+		if err == nil {
+			l.Release(ctx)
+		}
+		done <- err
+	}()
+	waitWatchers(t, e, 1)
+	ks := keys(t, c, name)
+	if len(ks) != 2 {
+		t.Fatalf("keys of a holder and a waiter: %q", ks)
+	}
+	if _, err := c.Delete(ctx, ks[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := ha.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, lock.ErrHeld) {
+		t.Errorf("the wait of a waiter whose key was deleted: %v; want ErrHeld", err)
 	}
 }

@@ -20,6 +20,9 @@ type lease struct {
 	id   int64 // the lease
 	rev  int64 // the key's create revision: the fencing token
 	seen int64 // the last revision at which the queue was read
+	// latent is whether that read had a key before l's that is not a lock
+	// key for want of a lease alone (NAME/<hex>): a put can make it one.
+	latent bool
 	// renewedAt is when the last renewal of the lease (or its grant) was
 	// sent: the lease runs at least until renewedAt plus the ttl.
 	renewedAt time.Time

@@ -1,10 +1,12 @@
 package etcd
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -216,8 +218,13 @@ func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, in
 	return l, q, i, nil
 }
 
-// place returns the queue in kvs and l's place in it.
+// place returns the queue in kvs and l's place in it, and notes whether
+// kvs had a latent key before l's.
 func (l *lease) place(kvs []*keyValue) ([]entry, int, error) {
+	prefix := Prefix(l.name)
+	l.latent = slices.ContainsFunc(kvs, func(kv *keyValue) bool {
+		return kv.CreateRevision < l.rev && kv.Lease == 0 && strings.HasPrefix(string(kv.Key), prefix) && lockID(string(kv.Key[len(prefix):]))
+	})
 	q := queue(l.name, kvs)
 	for i, e := range q {
 		if e.key == l.key && e.rev == l.rev {
@@ -245,60 +252,75 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	return nil, lock.ErrHeld
 }
 
-// Acquire waits in name's queue until its key holds the lock: it watches
-// the deletion of the key it waits for (any earlier key's, for a full
-// semaphore), then looks at the queue again. Meanwhile it renews its lease
-// every ttl/3, since a waiter's key must live as long as it waits; a
-// renewal that fails ends the wait (Client.Acquire tries again). When ctx
-// ends or anything fails, the lease is revoked, which deletes the key. The
-// lock's life counts from the lease's last renewal.
+// Acquire waits in name's queue until its key holds the lock. It watches
+// name's keys from the revision at which it read the queue, and keeps its
+// copy of the keys before its own up to date from the watch's events
+// (waitTurn), so that the delete that hands the lock over is enough to take
+// it, with no read after it. Meanwhile it renews its lease every ttl/3,
+// since a waiter's key must live as long as it waits; a renewal that fails
+// ends the wait (Client.Acquire tries again). When ctx ends or anything
+// fails, the lease is revoked, which deletes the key. The lock's life
+// counts from the lease's last renewal.
 func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, time.Time, error) {
 	l, q, i, err := b.enqueue(ctx, name)
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	for waited := false; ; waited = true {
-		holds, wait, err := judge(name, q, i)
-		if err == nil && holds {
-			if waited {
-				go l.stamp()
-			}
-			return l, l.renewedAt, nil
-		}
-		if err == nil {
-			watch := q[i].key // unused when waiting on the prefix
-			if wait >= 0 {
-				watch = q[wait].key
-			}
-			err = l.waitDelete(ctx, watch, wait < 0, i)
-		}
-		if err == nil {
+	holds, _, err := judge(name, q, i)
+	waited := false
+	for err == nil && !holds {
+		waited = true
+		var reread bool
+		q, i, reread, err = l.waitTurn(ctx, q, i)
+		if err == nil && reread {
 			q, i, err = l.requeue(ctx)
 		}
-		if err != nil {
-			l.drop(ctx)
-			if ctx.Err() != nil {
-				return nil, time.Time{}, context.Cause(ctx)
-			}
-			return nil, time.Time{}, err
+		if err == nil {
+			holds, _, err = judge(name, q, i)
 		}
 	}
+	if err != nil {
+		l.drop(ctx)
+		if ctx.Err() != nil {
+			return nil, time.Time{}, context.Cause(ctx)
+		}
+		return nil, time.Time{}, err
+	}
+	if waited {
+		go l.stamp()
+	}
+	return l, l.renewedAt, nil
 }
 
-// waitDelete waits until key is deleted (anyKey: until any key of l's
-// queue before l's own is), watching from the last revision l has seen,
-// and renews l's lease every ttl/3 meanwhile. It returns nil when it is
-// time to look at the queue again. ahead is how many lock keys were before
-// l's own: after each renewal it counts them again, and fewer is a deletion
-// too, so that a watch that stays open but says nothing (a proxy that holds
-// the stream's answers back) delays a waiter by ttl/3 at most, not forever.
-func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool, ahead int) error {
+// waitTurn watches name's keys from the revision after the one at which q
+// was read, until its events show that q[i], l's key, holds the lock (or
+// that judge refuses the queue: a semaphore of another N). Only
+// the keys before l's own decide that (judge), and no key can join them
+// after the read (a new key's create revision is higher than l's), so the
+// events keep that part of the queue exact: a deletion takes a key out, a
+// put of an earlier key (a record rewritten, a lease attached by hand)
+// writes it again. A deletion of l's own key ends the wait, as a lease that
+// ran out does. The revision of the event that lets l's key hold is one at
+// which no earlier key was left and l's own was there: the same proof as a
+// read at that revision, without its round trip.
+//
+// It returns the queue as the events left it, l's place in it, and reread
+// when the events cannot tell (the revision was compacted, or a count of
+// the earlier keys, made after each renewal, disagrees with the copy: a
+// watch that stays open but says nothing, as behind a proxy that holds the
+// stream's answers back, delays a waiter by ttl/3 at most, not forever).
+func (l *lease) waitTurn(ctx context.Context, q []entry, i int) ([]entry, int, bool, error) {
+	q = slices.Clone(q[:i+1]) // the keys after l's own do not matter
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w := watchCreate{Key: []byte(key), StartRevision: l.seen + 1, Filters: []string{"NOPUT"}}
-	if anyKey {
-		key = Prefix(l.name)
-		w.Key, w.RangeEnd, w.PrevKV = []byte(key), prefixEnd(key), true
+	prefix := Prefix(l.name)
+	w := watchCreate{Key: []byte(prefix), RangeEnd: prefixEnd(prefix), StartRevision: l.seen + 1}
+	if l.b.opts.Mode == lock.Exclusive && !l.latent {
+		// An exclusive key waits for every earlier key whatever its
+		// record, and without a latent key no put can add one: the
+		// deletions are all it needs, and the waiters are not woken by
+		// every key that joins the queue.
+		w.Filters = []string{"NOPUT"}
 	}
 	// The watch's answers come from a goroutine of their own, so that the
 	// lease is renewed while it waits for them. It ends with wctx.
@@ -343,46 +365,93 @@ func (l *lease) waitDelete(ctx context.Context, key string, anyKey bool, ahead i
 	for {
 		select {
 		case <-ctx.Done():
-			return context.Cause(ctx)
+			return nil, 0, false, context.Cause(ctx)
 		case <-creating.C:
-			return lock.Unreachable("etcd at "+l.b.addr, "timed out")
+			return nil, 0, false, lock.Unreachable("etcd at "+l.b.addr, "timed out")
 		case <-renew.C:
 			if err := l.renew(ctx); err != nil {
-				return err
+				return nil, 0, false, err
 			}
-			if n, err := l.ahead(ctx); err != nil || n < ahead {
-				return err
+			n, err := l.ahead(ctx)
+			if err != nil {
+				return nil, 0, false, err
+			}
+			if n != len(q)-1 {
+				return q, len(q) - 1, true, nil
 			}
 			renew.Reset(time.Until(l.renewedAt.Add(interval)))
 		case a := <-answers:
 			switch {
 			case a.err != nil && ctx.Err() != nil:
-				return context.Cause(ctx)
+				return nil, 0, false, context.Cause(ctx)
 			case errors.Is(a.err, errCompacted):
-				return nil // the revision is gone: look at the queue as it is now
+				return q, len(q) - 1, true, nil // the revision is gone: read the queue as it is now
 			case errors.Is(a.err, errStreamEnded):
-				return lock.Errorf(lock.ErrUnavailable, "etcd at %s: the watch of %s ended", l.b.addr, key)
+				return nil, 0, false, lock.Errorf(lock.ErrUnavailable, "etcd at %s: the watch of %s ended", l.b.addr, prefix)
 			case a.err != nil:
-				return l.b.classify(a.err)
+				return nil, 0, false, l.b.classify(a.err)
 			}
 			creating.Stop()
+			changed := false
 			for _, ev := range a.resp.Events {
-				if ev.Type != "DELETE" {
+				if ev.Kv == nil {
 					continue
 				}
-				// Of the whole prefix, only an earlier lock key matters.
-				if !anyKey || ev.PrevKv != nil && ev.PrevKv.CreateRevision < l.rev && lockKey(Prefix(l.name), ev.PrevKv) {
-					return nil
+				if ev.Type == "DELETE" && string(ev.Kv.Key) == l.key {
+					return nil, 0, false, lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's key %s was deleted", l.b.addr, l.key)
 				}
+				var ok bool
+				if q, ok = l.apply(q, ev); ok {
+					changed = true
+				}
+				l.seen = max(l.seen, ev.Kv.ModRevision)
+			}
+			if !changed {
+				continue
+			}
+			if holds, _, err := judge(l.name, q, len(q)-1); holds || err != nil {
+				return q, len(q) - 1, false, nil
 			}
 		}
 	}
 }
 
-// requeue looks at the queue again after a deletion, if the key is still
-// there, and meanwhile renews the lease: the lock may be about to be ours,
-// and its life runs from that renewal (Acquire returns it). Both fail if the key
-// is gone. Only reads: the hand-off waits for no write to reach the disk.
+// apply changes q, the keys up to l's own (the last), by the event ev, and
+// reports whether it did: a deletion of a key before l's takes it out; a
+// put of a key created before l's writes it again (or takes it out if it
+// is no longer a lock key). Other keys are after l's, or not name's locks.
+func (l *lease) apply(q []entry, ev watchEvent) ([]entry, bool) {
+	key := string(ev.Kv.Key)
+	me := len(q) - 1
+	if key == l.key {
+		return q, false
+	}
+	j := slices.IndexFunc(q[:me], func(e entry) bool { return e.key == key })
+	if ev.Type == "DELETE" {
+		if j < 0 {
+			return q, false
+		}
+		return slices.Delete(q, j, j+1), true
+	}
+	if ev.Kv.CreateRevision >= l.rev {
+		return q, false
+	}
+	changed := j >= 0
+	if j >= 0 {
+		q = slices.Delete(q, j, j+1)
+	}
+	if e := queue(l.name, []*keyValue{ev.Kv}); len(e) == 1 {
+		k, _ := slices.BinarySearchFunc(q[:len(q)-1], e[0].rev, func(x entry, rev int64) int { return cmp.Compare(x.rev, rev) })
+		q = slices.Insert(q, k, e[0])
+		changed = true
+	}
+	return q, changed
+}
+
+// requeue reads the queue again when the watch cannot tell what it is, if
+// the key is still there, and meanwhile renews the lease: the lock may be
+// about to be ours, and its life runs from that renewal (Acquire returns it).
+// Both fail if the key is gone.
 func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 	renewed := make(chan error, 1)
 	go func() { renewed <- l.renew(ctx) }()
