@@ -24,7 +24,7 @@ const releaseTimeout = 5 * time.Second
 const abandonTimeout = 2 * time.Second
 
 // Held is a lock taken by Acquire. A goroutine keeps it alive (renews the
-// lease or checks the session every TTL/3) until Release.
+// lease or checks the session every Options.KeepInterval) until Release.
 type Held struct {
 	name       string
 	lease      Lease
@@ -118,7 +118,7 @@ func keepSlice(grace time.Duration) time.Duration {
 	return max(min(time.Second, grace/4), 10*time.Millisecond)
 }
 
-// keep is the single loop that keeps the lock: Keep every TTL/3 (a little
+// keep is the single loop that keeps the lock: Keep every KeepInterval (a little
 // sooner, at random, so that holders that took a shared lock or semaphore
 // together do not renew at the same moment and race for the same write),
 // sooner still after a failure, and give the lock up once it cannot be
@@ -130,7 +130,7 @@ func keepSlice(grace time.Duration) time.Duration {
 func (h *Held) keep(waitCtx, keepCtx context.Context) {
 	defer close(h.keeperDone)
 	clk := h.opts.clock
-	interval := h.opts.TTL / 3
+	interval := h.opts.KeepInterval()
 	life := h.opts.TTL - h.opts.Grace // how long a confirmation vouches for the lock
 	retry := max(interval/5, 100*time.Millisecond)
 	slice := keepSlice(h.opts.Grace)

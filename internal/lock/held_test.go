@@ -668,3 +668,32 @@ func TestKeepRunsOutOfTime(t *testing.T) {
 		t.Errorf("Err: %v; want an error matching lock.ErrLost that gives the Keep's timeout as the last error", err)
 	}
 }
+
+// TestGraceCloseToTTL: a grace that leaves less than TTL/3 (--ttl 3s
+// --kill-after 2500ms) is kept by checks at least twice as often as that
+// time, not given up before the first check as a process that did not run.
+func TestGraceCloseToTTL(t *testing.T) {
+	t.Parallel()
+	opts := lock.Options{TTL: 3 * time.Second, Grace: 2500 * time.Millisecond}
+	if got := opts.KeepInterval(); got != 250*time.Millisecond {
+		t.Errorf("KeepInterval() = %s; want half of ttl - grace, 250ms", got)
+	}
+	l := &fakeLease{kept: make(chan time.Time, 100)}
+	h := hold(t, l, opts)
+	// Six checks span 1.25s and more: more than twice what one check vouches
+	// for (500ms).
+	for range 6 {
+		select {
+		case <-l.kept:
+		case <-h.Lost():
+			t.Fatalf("lost after %d checks: %v", l.keeps.Load(), h.Err())
+		case <-time.After(long):
+			t.Fatal("no check")
+		}
+	}
+	select {
+	case <-h.Lost():
+		t.Fatalf("lost: %v", h.Err())
+	default:
+	}
+}

@@ -39,7 +39,7 @@ type Options struct {
 	// backend, counted from the first failure of a run of failures.
 	ConnectTimeout time.Duration
 	// TTL is the lease length. The lock is kept (renewed or checked) every
-	// TTL/3.
+	// KeepInterval.
 	TTL time.Duration
 	// Grace is how long before the lease could run out the holder is told
 	// that the lock is lost when the backend stops answering, so that it
@@ -101,4 +101,13 @@ func (o Options) check() error {
 		return Errorf(ErrUsage, "the grace (%s) must be shorter than the ttl (%s), so the command is gone before the lease can expire", o.Grace, o.TTL)
 	}
 	return nil
+}
+
+// KeepInterval is how often a held lock is kept (renewed or checked), and
+// how often a lease that waits in a queue on the server is renewed: TTL/3,
+// or half of TTL-Grace when that is shorter, so that two checks fit in the
+// time one confirmation vouches for the lock (a grace close to the ttl,
+// --ttl 3s --kill-after 2500ms, leaves half a second).
+func (o Options) KeepInterval() time.Duration {
+	return min(o.TTL/3, (o.TTL-o.Grace)/2)
 }

@@ -359,7 +359,7 @@ func (l *lease) waitTurn(ctx context.Context, q []entry, i int) ([]entry, int, b
 	// not answer, as for any other request.
 	creating := time.NewTimer(callTimeout)
 	defer creating.Stop()
-	interval := l.b.opts.TTL / 3
+	interval := l.b.opts.KeepInterval()
 	renew := time.NewTimer(time.Until(l.renewedAt.Add(interval)))
 	defer renew.Stop()
 	for {
