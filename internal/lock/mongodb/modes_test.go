@@ -201,7 +201,7 @@ func TestSharedHolders(t *testing.T) {
 			helds[i] = h
 		})
 	}
-	waitFor(t, "every shared waiter waiting", func() bool {
+	testenv.WaitFor(t, "every shared waiter waiting", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return waiting == n
@@ -365,18 +365,6 @@ func (h logHandler) Handle(_ context.Context, r slog.Record) error {
 
 func (h logHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h logHandler) WithGroup(string) slog.Handler      { return h }
-
-// waitFor waits up to 30s for cond, checking every 10ms.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 30s for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // mustTake takes name through c at once.
 func mustTake(t *testing.T, c *lock.Client, name string) lock.Lease {

@@ -228,20 +228,13 @@ func TestCancelledWaitLeavesNothing(t *testing.T) {
 				holds = append(holds, l)
 			}
 			b := locktest.Open(t, m.URL, opts)
-			waiting := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
 			ctx, cancel := context.WithCancel(locktest.Context(t))
 			done := make(chan error, 1)
 			go func() {
 				_, err := b.Backend.(lock.Waiter).Acquire(ctx, "job")
 				done <- err
 			}()
-			deadline := time.Now().Add(30 * time.Second)
-			for query(t, m.URL, waiting) != "1" {
-				if time.Now().After(deadline) {
-					t.Fatal("the waiter never waited in GET_LOCK")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			waitWaiting(t, m.URL)
 			cancel()
 			if err := <-done; !errors.Is(err, context.Canceled) {
 				t.Errorf("cancelled wait: %v; want context.Canceled", err)
@@ -265,7 +258,6 @@ func TestCancelAsGranted(t *testing.T) {
 	a := locktest.Open(t, m.URL, lock.Options{})
 	b := locktest.Open(t, m.URL, lock.Options{})
 	c := locktest.Open(t, m.URL, lock.Options{})
-	waiting := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
 	granted, cancelled := 0, 0
 	for i := range 20 {
 		la, err := a.TryAcquire(locktest.Context(t), "job")
@@ -278,9 +270,7 @@ func TestCancelAsGranted(t *testing.T) {
 			l, err := b.Backend.(lock.Waiter).Acquire(ctx, "job")
 			done <- result{l, err}
 		}()
-		for query(t, m.URL, waiting) != "1" {
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitWaiting(t, m.URL)
 		go la.Release(locktest.Context(t))
 		cancel()
 		r := <-done
@@ -499,14 +489,7 @@ func TestSemaphoreWaitsInServer(t *testing.T) {
 		h, err := c.Acquire(ctx, "job")
 		got <- heldResult{h, err}
 	}()
-	waiting := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
-	deadline := time.Now().Add(30 * time.Second)
-	for query(t, m.URL, waiting) != "1" {
-		if time.Now().After(deadline) {
-			t.Fatal("the semaphore's waiter never waited in GET_LOCK")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitWaiting(t, m.URL)
 	// Statements run by anyone in 3s: the waiter's attempts (one a second,
 	// or four at most), and maybe a check by each holder (every ttl/3, 5s).
 	// Polling every 100ms would be thirty.

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/withlock/withlock/internal/testenv"
 )
 
 // echoServer is a TCP peer on 127.0.0.1 that echoes every line back; it
@@ -179,7 +181,7 @@ func TestCutDuringBlackHole(t *testing.T) {
 	p := startProxy(t, e.ln.Addr().String())
 	p.BlackHole()
 	c, r := dial(t, p)
-	waitFor(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.links) == 1 })
+	testenv.WaitFor(t, "the held connection", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.links) == 1 })
 	if n := p.Cut(); n != 1 {
 		t.Fatalf("Cut reset %d connections, want 1", n)
 	}
@@ -231,15 +233,4 @@ func TestServerDown(t *testing.T) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
