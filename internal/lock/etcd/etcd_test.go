@@ -63,18 +63,21 @@ func TestConformance(t *testing.T) {
 
 func testConformance(t *testing.T, e *testenv.Etcd) {
 	c := client(t, e)
-	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, e.URL, opts) }
-	locktest.Run(t, open, locktest.Options{})
-	// A lease broken behind its holder's back: its key deleted, as
-	// `etcdctl del` would.
-	locktest.RunLeaseWith(t, open, func(t *testing.T, name string) {
-		resp, err := c.Delete(locktest.Context(t), etcd.Prefix(name), clientv3.WithPrefix())
-		if err != nil || resp.Deleted != 1 {
-			t.Fatalf("delete %s*: %v, %v; want one key deleted", etcd.Prefix(name), resp, err)
-		}
-	}, locktest.LeaseOptions{NoHeldFor: true})
-	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
-	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, e.URL, opts) },
+		Lease: &locktest.Lease{
+			// A lease broken behind its holder's back: its key deleted, as
+			// `etcdctl del` would.
+			Break: func(t *testing.T, name string) {
+				resp, err := c.Delete(locktest.Context(t), etcd.Prefix(name), clientv3.WithPrefix())
+				if err != nil || resp.Deleted != 1 {
+					t.Fatalf("delete %s*: %v, %v; want one key deleted", etcd.Prefix(name), resp, err)
+				}
+			},
+			NoHeldFor: true,
+		},
+		Modes: locktest.Modes{RecordsN: true},
+	})
 }
 
 // The keys are those of concurrency.Mutex, etcd's recipe, which etcdctl

@@ -89,15 +89,19 @@ func leasePath(ns, name string) string {
 
 func TestConformance(t *testing.T) {
 	k, ns, url := space(t)
-	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, url, opts) }
-	locktest.Run(t, open, locktest.Options{})
-	locktest.RunLeaseWith(t, open, func(t *testing.T, name string) {
-		if err := k.Do("DELETE", leasePath(ns, k8s.LeaseName(name)), nil, nil); err != nil {
-			t.Fatalf("deleting the Lease: %v", err)
-		}
-	}, locktest.LeaseOptions{WholeSeconds: true, Margin: time.Second})
-	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
-	locktest.RunModes(t, open, locktest.ModeOptions{NoShared: true, RecordsN: true, Lease: true})
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, url, opts) },
+		Lease: &locktest.Lease{
+			Break: func(t *testing.T, name string) {
+				if err := k.Do("DELETE", leasePath(ns, k8s.LeaseName(name)), nil, nil); err != nil {
+					t.Fatalf("deleting the Lease: %v", err)
+				}
+			},
+			WholeSeconds: true,
+			Margin:       time.Second,
+		},
+		Modes: locktest.Modes{NoShared: true, RecordsN: true},
+	})
 }
 
 // TestLeaseFields: the Lease says who holds it as the issue asks: NAME

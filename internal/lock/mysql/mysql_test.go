@@ -37,30 +37,25 @@ func opener(db string) locktest.OpenFunc {
 	return func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, db, opts) }
 }
 
+// TestConformance: the shared suite. For status and release --force, a
+// broken holder learns of it from its Watch, at once: the server closes the
+// killed session. GET_LOCK has no shared mode.
 func TestConformance(t *testing.T) {
 	m := testenv.RequireMariaDB(t)
-	locktest.Run(t, opener(m.URL), locktest.Options{Session: true})
-}
-
-// TestOperators: status and release --force. A broken holder learns of it
-// from its Watch, at once: the server closes the killed session.
-func TestOperators(t *testing.T) {
-	m := testenv.RequireMariaDB(t)
-	locktest.RunOperators(t, opener(m.URL), locktest.OperatorOptions{
-		Lost: func(t *testing.T, l lock.Lease) error {
-			ctx, cancel := context.WithTimeout(locktest.Context(t), 10*time.Second)
-			defer cancel()
-			start := time.Now()
-			err := l.(lock.Watcher).Watch(ctx)
-			t.Logf("Watch returned after %v: %v", time.Since(start), err)
-			return err
+	locktest.Run(t, locktest.Config{
+		Open: opener(m.URL),
+		Operators: locktest.Operators{
+			Lost: func(t *testing.T, l lock.Lease) error {
+				ctx, cancel := context.WithTimeout(locktest.Context(t), 10*time.Second)
+				defer cancel()
+				start := time.Now()
+				err := l.(lock.Watcher).Watch(ctx)
+				t.Logf("Watch returned after %v: %v", time.Since(start), err)
+				return err
+			},
 		},
+		Modes: locktest.Modes{NoShared: true},
 	})
-}
-
-func TestModes(t *testing.T) {
-	m := testenv.RequireMariaDB(t)
-	locktest.RunModes(t, opener(m.URL), locktest.ModeOptions{NoShared: true})
 }
 
 // TestKeys: the keys of docs/mysql.md (How the lock is held). The values were computed with
@@ -434,7 +429,7 @@ func hold(t *testing.T, dbURL, key string) {
 // TLS; and tls=true refuses that certificate at once.
 func TestTLS(t *testing.T) {
 	m := testenv.RequireMariaDB(t, testenv.MariaDBOptions{TLS: true})
-	locktest.Run(t, opener(m.URL+"?tls=skip-verify"), locktest.Options{Session: true})
+	locktest.Run(t, locktest.Config{Open: opener(m.URL + "?tls=skip-verify"), CoreOnly: true})
 	var cipher string
 	c := locktest.Open(t, m.URL+"?tls=skip-verify", lock.Options{})
 	l, err := c.TryAcquire(locktest.Context(t), "job")

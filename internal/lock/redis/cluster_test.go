@@ -21,18 +21,16 @@ func TestClusterConformance(t *testing.T) {
 	c := testenv.RequireRedisCluster(t, testenv.RedisOptions{Password: "s3cret-pw"})
 	for _, u := range []struct{ name, url string }{{"AllNodes", c.URL}, {"OneNode", c.Nodes[1].URL}} {
 		t.Run(u.name, func(t *testing.T) {
-			open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, u.url, opts) }
-			locktest.Run(t, open, locktest.Options{})
-			if u.name == "OneNode" {
-				return
-			}
-			locktest.RunLease(t, open, func(t *testing.T, name string) {
-				if n := do(t, c.URL, "DEL", redis.Key(name)); n != "1" {
-					t.Fatalf("DEL %s: %q", redis.Key(name), n)
-				}
+			locktest.Run(t, locktest.Config{
+				Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, u.url, opts) },
+				Lease: &locktest.Lease{Break: func(t *testing.T, name string) {
+					if n := do(t, c.URL, "DEL", redis.Key(name)); n != "1" {
+						t.Fatalf("DEL %s: %q", redis.Key(name), n)
+					}
+				}},
+				Modes:    locktest.Modes{RecordsN: true},
+				CoreOnly: u.name == "OneNode",
 			})
-			locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
-			locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
 		})
 	}
 }

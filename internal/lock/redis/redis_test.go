@@ -23,16 +23,15 @@ import (
 
 func TestConformance(t *testing.T) {
 	r := testenv.RequireRedis(t)
-	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, r.URL, opts) }
-	locktest.Run(t, open, locktest.Options{})
-	locktest.RunLease(t, open,
-		func(t *testing.T, name string) {
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, r.URL, opts) },
+		Lease: &locktest.Lease{Break: func(t *testing.T, name string) {
 			if n, err := testenv.RedisDo(locktest.Context(t), r.URL, "DEL", redis.Key(name)); err != nil || n != "1" {
 				t.Fatalf("DEL %s: %q, %v", redis.Key(name), n, err)
 			}
-		})
-	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
-	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
+		}},
+		Modes: locktest.Modes{RecordsN: true},
+	})
 }
 
 func TestErrors(t *testing.T) {

@@ -18,16 +18,16 @@ import (
 // TestSentinelConformance: the shared suite through a Sentinel URL.
 func TestSentinelConformance(t *testing.T) {
 	s := testenv.RequireRedisSentinel(t, testenv.RedisOptions{Password: "s3cret-pw"})
-	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, s.URL, opts) }
-	locktest.Run(t, open, locktest.Options{})
-	locktest.RunLease(t, open, func(t *testing.T, name string) {
-		primary := s.Primary(locktest.Context(t))
-		if n := do(t, primary.URL, "DEL", redis.Key(name)); n != "1" {
-			t.Fatalf("DEL %s: %q", redis.Key(name), n)
-		}
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, s.URL, opts) },
+		Lease: &locktest.Lease{Break: func(t *testing.T, name string) {
+			primary := s.Primary(locktest.Context(t))
+			if n := do(t, primary.URL, "DEL", redis.Key(name)); n != "1" {
+				t.Fatalf("DEL %s: %q", redis.Key(name), n)
+			}
+		}},
+		Modes: locktest.Modes{RecordsN: true},
 	})
-	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
-	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
 }
 
 // TestSentinelFailover: a failover while one holds the lock and another
