@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -23,6 +22,7 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/etcd"
 	"github.com/withlock/withlock/internal/lock/locktest"
+	"github.com/withlock/withlock/internal/stress/faultproxy"
 	"github.com/withlock/withlock/internal/testenv"
 )
 
@@ -525,21 +525,15 @@ func TestErrors(t *testing.T) {
 		// cut off behind a proxy): the request sent to it times out, and
 		// the next one goes to the next member, as the official client's
 		// balancer did.
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		// A proxy that is black-holed before its first connection.
+		member, _ := url.Parse(e.URL)
+		hung, err := faultproxy.Start(member.Host)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer l.Close()
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				defer c.Close()
-			}
-		}()
-		u := strings.Replace(withUser("app", "apppw"), "@", "@"+l.Addr().String()+",", 1)
+		defer hung.Close()
+		hung.BlackHole()
+		u := strings.Replace(withUser("app", "apppw"), "@", "@"+hung.Addr()+",", 1)
 		b := locktest.Open(t, u, lock.Options{})
 		ctx, cancel := context.WithTimeout(locktest.Context(t), time.Second)
 		_, err = b.TryAcquire(ctx, "jobs/hung")

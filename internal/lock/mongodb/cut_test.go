@@ -13,21 +13,22 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
 	"github.com/withlock/withlock/internal/lock/mongodb"
+	"github.com/withlock/withlock/internal/stress/faultproxy"
 	"github.com/withlock/withlock/internal/testenv"
 )
 
 // cutAt returns a rule that cuts the connection at the nth message carrying
 // cmd (every one of them if nth is 0), as c says.
-func cutAt(cmd string, nth int, c cut) func(message) action {
+func cutAt(cmd string, nth int, c faultproxy.Cut) func(faultproxy.Message) faultproxy.Action {
 	var seen atomic.Int64
-	return func(m message) action {
-		if m.cmd != cmd {
-			return action{}
+	return func(m faultproxy.Message) faultproxy.Action {
+		if m.Kind != cmd {
+			return faultproxy.Action{}
 		}
 		if n := seen.Add(1); nth == 0 || n == int64(nth) {
-			return action{cut: c}
+			return faultproxy.Action{Cut: c}
 		}
-		return action{}
+		return faultproxy.Action{}
 	}
 }
 
@@ -75,7 +76,7 @@ func TestCutConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ttl = 30 * time.Second // no lease may run out during a subtest
-	cuts := []cut{resetBefore, closeBefore, resetAfter, closeAfter}
+	cuts := []faultproxy.Cut{faultproxy.ResetBefore, faultproxy.CloseBefore, faultproxy.ResetAfter, faultproxy.CloseAfter}
 	// The steps, as the proxy sees them (PLAIN authentication, which
 	// FerretDB accepts with any password, adds saslStart).
 	type step struct {
@@ -93,10 +94,10 @@ func TestCutConnection(t *testing.T) {
 				p := startProxy(t, u.Host)
 				b := locktest.Open(t, "mongodb://u:pw@"+p.Addr()+"/?authMechanism=PLAIN", lock.Options{TTL: ttl, ConnectTimeout: time.Second})
 				name := locktest.Name(t)
-				p.setRule(cutAt(s.cmd, s.nth, c))
+				p.SetRule(cutAt(s.cmd, s.nth, c))
 				_, err := b.TryAcquire(locktest.Context(t), name)
 				mustBeUnavailable(t, "TryAcquire", err)
-				p.setRule(nil)
+				p.SetRule(nil)
 				eventually(t, "TryAcquire", func() error {
 					l, err := b.TryAcquire(locktest.Context(t), name)
 					if err == nil {
@@ -119,9 +120,9 @@ func TestCutConnection(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				p.setRule(cutAt(s.cmd, s.nth, c))
+				p.SetRule(cutAt(s.cmd, s.nth, c))
 				mustBeUnavailable(t, "Keep", l.Keep(locktest.Context(t)))
-				p.setRule(nil)
+				p.SetRule(nil)
 				eventually(t, "Keep", func() error { return l.Keep(locktest.Context(t)) })
 				if _, err := other.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
 					t.Fatalf("another client's TryAcquire: %v; want ErrHeld", err)
@@ -142,10 +143,10 @@ func TestCutConnection(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				p.setRule(cutAt(s.cmd, s.nth, c))
+				p.SetRule(cutAt(s.cmd, s.nth, c))
 				mustBeUnavailable(t, "Release", l.Release(locktest.Context(t)))
-				p.setRule(nil)
-				landed := s.cmd == "insert" && (c == resetAfter || c == closeAfter)
+				p.SetRule(nil)
+				landed := s.cmd == "insert" && (c == faultproxy.ResetAfter || c == faultproxy.CloseAfter)
 				eventually(t, "Release", func() error {
 					err := l.Release(locktest.Context(t))
 					if landed && err != nil && strings.Contains(err.Error(), "no longer ours") {
@@ -193,12 +194,12 @@ func TestStaleInsert(t *testing.T) {
 	holdInsert := func(t *testing.T) (arrived chan struct{}, release func()) {
 		arrived, held := make(chan struct{}), make(chan struct{})
 		var once atomic.Bool
-		p.setRule(func(m message) action {
-			if m.cmd == "insert" && once.CompareAndSwap(false, true) {
+		p.SetRule(func(m faultproxy.Message) faultproxy.Action {
+			if m.Kind == "insert" && once.CompareAndSwap(false, true) {
 				close(arrived)
-				return action{wait: held}
+				return faultproxy.Action{Wait: held}
 			}
-			return action{}
+			return faultproxy.Action{}
 		})
 		release = sync.OnceFunc(func() { close(held) })
 		t.Cleanup(release)

@@ -13,6 +13,7 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
 	"github.com/withlock/withlock/internal/lock/mongodb"
+	"github.com/withlock/withlock/internal/stress/faultproxy"
 	"github.com/withlock/withlock/internal/testenv"
 )
 
@@ -250,13 +251,13 @@ func TestPollCost(t *testing.T) {
 	p := startProxy(t, u.Host)
 	var (
 		mu   sync.Mutex
-		msgs []message
+		msgs []faultproxy.Message
 	)
-	p.setRule(func(msg message) action {
+	p.SetRule(func(msg faultproxy.Message) faultproxy.Action {
 		mu.Lock()
 		msgs = append(msgs, msg)
 		mu.Unlock()
-		return action{}
+		return faultproxy.Action{}
 	})
 	// ops counts the commands f sent, by name, on the connections that
 	// carry the backend's work (not the driver's monitor, whose hellos
@@ -271,14 +272,14 @@ func TestPollCost(t *testing.T) {
 		defer mu.Unlock()
 		work := map[int64]bool{}
 		for _, msg := range msgs {
-			if msg.cmd == "find" || msg.cmd == "insert" {
-				work[msg.conn] = true
+			if msg.Kind == "find" || msg.Kind == "insert" {
+				work[msg.Conn] = true
 			}
 		}
 		n := map[string]int{}
 		for _, msg := range msgs[from:] {
-			if work[msg.conn] && msg.index > 1 {
-				n[msg.cmd]++
+			if work[msg.Conn] && msg.Index > 1 {
+				n[msg.Kind]++
 			}
 		}
 		return n

@@ -3,8 +3,12 @@ package faultproxy
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -233,4 +237,98 @@ func TestServerDown(t *testing.T) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// lines is a Split of the echo protocol: a message is a line, named by its
+// first word.
+func lines(r *bufio.Reader) (string, []byte, error) {
+	line, err := r.ReadBytes('\n')
+	kind, _, _ := strings.Cut(strings.TrimSpace(string(line)), " ")
+	return kind, line, err
+}
+
+// TestRule: a rule sees each line as a message, numbered by connection and
+// in the connection, and cuts, holds or passes it as it says.
+func TestRule(t *testing.T) {
+	e := startEcho(t)
+	p := startProxy(t, e.ln.Addr().String())
+	p.SetSplit(func() Split { return lines })
+	var (
+		mu   sync.Mutex
+		seen []Message
+	)
+	held := make(chan struct{})
+	p.SetRule(func(m Message) Action {
+		mu.Lock()
+		seen = append(seen, m)
+		mu.Unlock()
+		switch m.Kind {
+		case "reset":
+			return Action{Cut: ResetBefore}
+		case "close":
+			return Action{Cut: CloseBefore}
+		case "half":
+			return Action{Cut: CloseAfter, Answer: 3}
+		case "held":
+			return Action{Wait: held}
+		}
+		return Action{}
+	})
+
+	c, r := dial(t, p)
+	if got := roundTrip(t, c, r, "pass it"); got != "pass it" {
+		t.Fatalf("echo %q through a rule that passes it", got)
+	}
+	if _, err := c.Write([]byte("held\nafter\n")); err != nil {
+		t.Fatal(err)
+	}
+	// Checks that nothing arrives, so it must wait a while.
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if b, err := r.ReadByte(); !isTimeout(err) {
+		t.Fatalf("read while the rule holds the message: %q, %v; want a timeout", b, err)
+	}
+	close(held)
+	for _, want := range []string{"held\n", "after\n"} {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if got, err := r.ReadString('\n'); err != nil || got != want {
+			t.Fatalf("once the rule let it go: %q, %v; want %q", got, err, want)
+		}
+	}
+
+	for _, tc := range []struct {
+		line, want string // the answer the client gets before the connection ends
+		reset      bool
+	}{
+		{"reset", "", true},
+		{"close", "", false},
+		{"half of it", "hal", false},
+	} {
+		c, r := dial(t, p)
+		before := p.RuleCuts()
+		if _, err := c.Write([]byte(tc.line + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(r)
+		if string(got) != tc.want {
+			t.Errorf("%s: the client got %q; want %q", tc.line, got, tc.want)
+		}
+		if tc.reset != errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("%s: the client's read ended with %v; want a reset: %v", tc.line, err, tc.reset)
+		}
+		if n := p.RuleCuts() - before; n != 1 {
+			t.Errorf("%s: RuleCuts grew by %d; want 1", tc.line, n)
+		}
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	var got []string
+	for _, m := range seen {
+		got = append(got, fmt.Sprintf("%d.%d %s %q", m.Conn, m.Index, m.Kind, m.Data))
+	}
+	want := []string{`1.1 pass "pass it\n"`, `1.2 held "held\n"`, `1.3 after "after\n"`, `2.1 reset "reset\n"`, `3.1 close "close\n"`, `4.1 half "half of it\n"`}
+	if !slices.Equal(got, want) {
+		t.Errorf("the rule saw %q; want %q", got, want)
+	}
 }
