@@ -59,7 +59,7 @@ import (
 func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
 		"exits": expectExit,
-		"pgtx":   holdTransaction,
+		"pgtx":  holdTransaction,
 	})
 }
 
