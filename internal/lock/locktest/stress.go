@@ -288,7 +288,7 @@ func (s Stress) hold(ctx context.Context, t *testing.T, r Round) (st Stint, cras
 		}
 	}
 	st.Exit = time.Now()
-	if s.Crash != nil && r.Rng.IntN(cmp(s.CrashOneIn, 10)) == 0 {
+	if s.Crash != nil && r.Rng.IntN(orDefault(s.CrashOneIn, 10)) == 0 {
 		s.Crash(t, c, r.Name, st.Token)
 		select {
 		case <-h.Lost():
@@ -301,7 +301,7 @@ func (s Stress) hold(ctx context.Context, t *testing.T, r Round) (st Stint, cras
 	return st, false, h.Release(context.Background())
 }
 
-func cmp(n, otherwise int) int {
+func orDefault(n, otherwise int) int {
 	if n > 0 {
 		return n
 	}
