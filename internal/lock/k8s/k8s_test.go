@@ -260,28 +260,56 @@ func TestInClusterServiceAccount(t *testing.T) {
 // reaches the real server.
 func TestExecPluginServer(t *testing.T) {
 	k, ns, _ := space(t)
-	dir := t.TempDir()
-	plugin := filepath.Join(dir, "plugin.sh")
-	os.WriteFile(plugin, []byte(`#!/bin/sh
+	setKubeconfig(t, k, ns, "", execUser(t.TempDir(), `#!/bin/sh
 printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s"}}\n' "$TOKEN"
-`), 0o755)
-	kc := filepath.Join(dir, "kubeconfig")
-	os.WriteFile(kc, []byte(fmt.Sprintf(`
+`, "TOKEN", k.UserToken("leaser")))
+	takeOnce(t, "with an exec plugin's token")
+}
+
+// setKubeconfig writes a kubeconfig that reaches k, in namespace ns, with
+// the cluster's fields besides its server and CA (", proxy-url: ..."), and
+// the user's (YAML, under "user:"), and makes it $KUBECONFIG for t.
+func setKubeconfig(t *testing.T, k *testenv.Kube, ns, cluster, user string) {
+	t.Helper()
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	err := os.WriteFile(kc, []byte(fmt.Sprintf(`
 current-context: x
-clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
+clusters: [{name: c, cluster: {server: %q, certificate-authority: %q%s}}]
 users:
 - name: u
   user:
-    exec:
+%s
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+`, k.URL, k.CAFile, cluster, user, ns)), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", kc)
+}
+
+// execUser writes script to dir/plugin.sh and returns the fields of a
+// user whose exec credential plugin it is, run with env (names and
+// values, in turn).
+func execUser(dir, script string, env ...string) string {
+	plugin := filepath.Join(dir, "plugin.sh")
+	os.WriteFile(plugin, []byte(script), 0o755)
+	var vars []string
+	for i := 0; i+1 < len(env); i += 2 {
+		vars = append(vars, fmt.Sprintf("{name: %s, value: %q}", env[i], env[i+1]))
+	}
+	return fmt.Sprintf(`    exec:
       apiVersion: client.authentication.k8s.io/v1
       command: %s
-      env: [{name: TOKEN, value: %q}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
-`, k.URL, k.CAFile, plugin, k.UserToken("leaser"), ns)), 0o600)
-	t.Setenv("KUBECONFIG", kc)
+      env: [%s]`, plugin, strings.Join(vars, ", "))
+}
+
+// takeOnce takes "job" through a new client of the kubeconfig's namespace,
+// what saying how, and releases it.
+func takeOnce(t *testing.T, what string) {
+	t.Helper()
 	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
 	if err != nil {
-		t.Fatalf("TryAcquire with an exec plugin's token: %v", err)
+		t.Fatalf("TryAcquire %s: %v", what, err)
 	}
 	if err := l.Release(locktest.Context(t)); err != nil {
 		t.Fatal(err)
@@ -557,36 +585,15 @@ func TestForeignFields(t *testing.T) {
 func TestStaleToken401(t *testing.T) {
 	k, ns, _ := space(t)
 	dir := t.TempDir()
-	plugin := filepath.Join(dir, "plugin.sh")
 	// The first run prints a token the server does not know, the next ones
 	// leaser's; each run adds a line to runs.
-	os.WriteFile(plugin, []byte(`#!/bin/sh
+	setKubeconfig(t, k, ns, "", execUser(dir, `#!/bin/sh
 token=$TOKEN
 [ -f "$DIR/runs" ] || token=stale
 echo run >> "$DIR/runs"
 printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s"}}\n' "$token"
-`), 0o755)
-	kc := filepath.Join(dir, "kubeconfig")
-	os.WriteFile(kc, []byte(fmt.Sprintf(`
-current-context: x
-clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
-users:
-- name: u
-  user:
-    exec:
-      apiVersion: client.authentication.k8s.io/v1
-      command: %s
-      env: [{name: TOKEN, value: %q}, {name: DIR, value: %q}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
-`, k.URL, k.CAFile, plugin, k.UserToken("leaser"), dir, ns)), 0o600)
-	t.Setenv("KUBECONFIG", kc)
-	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
-	if err != nil {
-		t.Fatalf("TryAcquire with a stale cached token: %v; want a retry with a fresh one", err)
-	}
-	if err := l.Release(locktest.Context(t)); err != nil {
-		t.Fatal(err)
-	}
+`, "TOKEN", k.UserToken("leaser"), "DIR", dir))
+	takeOnce(t, "with a stale cached token (want a retry with a fresh one)")
 	if runs, _ := os.ReadFile(filepath.Join(dir, "runs")); strings.Count(string(runs), "\n") != 2 {
 		t.Errorf("the plugin ran %d times; want 2 (the stale token, then a fresh one)", strings.Count(string(runs), "\n"))
 	}
@@ -618,28 +625,13 @@ func TestRotatingClientCert(t *testing.T) {
 		})
 		os.WriteFile(filepath.Join(dir, fmt.Sprintf("cred%d", i)), cred, 0o600)
 	}
-	plugin := filepath.Join(dir, "plugin.sh")
 	// Each run prints the certificate of the moment: the next in line,
 	// skipping those that expire within the plugin's own margin.
-	os.WriteFile(plugin, []byte(`#!/bin/sh
+	setKubeconfig(t, k, ns, "", execUser(dir, `#!/bin/sh
 n=$(( ( $(date +%s%3N) - START ) / LIFE ))
 cat "$DIR/cred$n"
 echo "$n" >> "$DIR/runs"
-`), 0o755)
-	kc := filepath.Join(dir, "kubeconfig")
-	os.WriteFile(kc, []byte(fmt.Sprintf(`
-current-context: x
-clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
-users:
-- name: u
-  user:
-    exec:
-      apiVersion: client.authentication.k8s.io/v1
-      command: %s
-      env: [{name: DIR, value: %q}, {name: START, value: "%d"}, {name: LIFE, value: "%d"}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
-`, k.URL, k.CAFile, plugin, dir, start.UnixMilli(), (life-early).Milliseconds(), ns)), 0o600)
-	t.Setenv("KUBECONFIG", kc)
+`, "DIR", dir, "START", fmt.Sprint(start.UnixMilli()), "LIFE", fmt.Sprint((life-early).Milliseconds())))
 	c := locktest.Open(t, "k8s://", lock.Options{TTL: 3 * time.Second, Grace: 500 * time.Millisecond})
 	h, err := c.Acquire(locktest.Context(t), "job")
 	if err != nil {
@@ -690,22 +682,9 @@ func TestProxyURL(t *testing.T) {
 		conn.Close()
 	}))
 	t.Cleanup(proxy.Close)
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
-	os.WriteFile(kc, []byte(fmt.Sprintf(`
-current-context: x
-clusters: [{name: c, cluster: {server: %q, certificate-authority: %q, proxy-url: %q}}]
-users: [{name: u, user: {token: %q}}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
-`, k.URL, k.CAFile, proxy.URL, k.UserToken("leaser"), ns)), 0o600)
-	t.Setenv("KUBECONFIG", kc)
+	setKubeconfig(t, k, ns, fmt.Sprintf(", proxy-url: %q", proxy.URL), fmt.Sprintf("    token: %q", k.UserToken("leaser")))
 	t.Setenv("HTTPS_PROXY", "")
-	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
-	if err != nil {
-		t.Fatalf("TryAcquire through proxy-url: %v", err)
-	}
-	if err := l.Release(locktest.Context(t)); err != nil {
-		t.Fatal(err)
-	}
+	takeOnce(t, "through proxy-url")
 	if tunnels.Load() == 0 {
 		t.Error("the proxy saw no CONNECT: proxy-url was not used")
 	}
@@ -792,27 +771,9 @@ func TestInClusterTokenRotated(t *testing.T) {
 func TestStaticCredentialsWin(t *testing.T) {
 	k, ns, _ := space(t)
 	dir := t.TempDir()
-	plugin := filepath.Join(dir, "plugin.sh")
-	os.WriteFile(plugin, []byte("#!/bin/sh\necho ran > \"$(dirname \"$0\")/ran\"\necho 'plugin must not run' >&2\nexit 1\n"), 0o755)
-	kc := filepath.Join(dir, "kubeconfig")
-	os.WriteFile(kc, []byte(fmt.Sprintf(`
-current-context: x
-clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
-users:
-- name: u
-  user:
-    token: %q
-    exec: {apiVersion: client.authentication.k8s.io/v1, command: %s}
-contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
-`, k.URL, k.CAFile, k.UserToken("leaser"), plugin, ns)), 0o600)
-	t.Setenv("KUBECONFIG", kc)
-	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
-	if err != nil {
-		t.Fatalf("TryAcquire with a token and an exec plugin: %v; want the token used", err)
-	}
-	if err := l.Release(locktest.Context(t)); err != nil {
-		t.Fatal(err)
-	}
+	setKubeconfig(t, k, ns, "", fmt.Sprintf("    token: %q\n", k.UserToken("leaser"))+
+		execUser(dir, "#!/bin/sh\necho ran > \"$(dirname \"$0\")/ran\"\necho 'plugin must not run' >&2\nexit 1\n"))
+	takeOnce(t, "with a token and an exec plugin (want the token used)")
 	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
 		t.Error("the exec plugin ran though the kubeconfig gives a token")
 	}
