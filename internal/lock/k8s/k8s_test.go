@@ -220,21 +220,7 @@ func TestInClusterServiceAccount(t *testing.T) {
 	if err := k.Namespace(other); err != nil {
 		t.Fatal(err)
 	}
-	sa := t.TempDir()
-	ca, err := os.ReadFile(k.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(sa, "ca.crt"), ca, 0o600)
-	os.WriteFile(filepath.Join(sa, "token"), []byte(token), 0o600)
-	os.WriteFile(filepath.Join(sa, "namespace"), []byte(ns), 0o600)
-	old := k8s.ServiceAccountDir
-	k8s.ServiceAccountDir = sa
-	t.Cleanup(func() { k8s.ServiceAccountDir = old })
-	host, port, _ := strings.Cut(strings.TrimPrefix(k.URL, "https://"), ":")
-	t.Setenv("KUBECONFIG", "")
-	t.Setenv("KUBERNETES_SERVICE_HOST", host)
-	t.Setenv("KUBERNETES_SERVICE_PORT", port)
+	inPod(t, k, ns, token)
 
 	c := locktest.Open(t, "k8s://", lock.Options{})
 	l, err := c.TryAcquire(locktest.Context(t), "dbmigration")
@@ -253,6 +239,30 @@ func TestInClusterServiceAccount(t *testing.T) {
 	if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), want) {
 		t.Errorf("in another namespace: %v; want ErrRefused saying %q", err, want)
 	}
+}
+
+// inPod makes t run as in a pod of namespace ns whose service account's
+// token is token: the account's directory (CA, token, namespace) mounted,
+// the service's host and port in the environment, no kubeconfig. It
+// returns the directory.
+func inPod(t *testing.T, k *testenv.Kube, ns, token string) string {
+	t.Helper()
+	sa := t.TempDir()
+	ca, err := os.ReadFile(k.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(sa, "ca.crt"), ca, 0o600)
+	os.WriteFile(filepath.Join(sa, "token"), []byte(token), 0o600)
+	os.WriteFile(filepath.Join(sa, "namespace"), []byte(ns), 0o600)
+	old := k8s.ServiceAccountDir
+	k8s.ServiceAccountDir = sa
+	t.Cleanup(func() { k8s.ServiceAccountDir = old })
+	host, port, _ := strings.Cut(strings.TrimPrefix(k.URL, "https://"), ":")
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("KUBERNETES_SERVICE_HOST", host)
+	t.Setenv("KUBERNETES_SERVICE_PORT", port)
+	return sa
 }
 
 // TestExecPluginServer: a kubeconfig whose user is an exec credential
@@ -715,22 +725,8 @@ func TestInClusterTokenRotated(t *testing.T) {
 		}
 		return tr.Status.Token
 	}
-	sa := t.TempDir()
-	ca, err := os.ReadFile(k.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	first := token("first")
-	os.WriteFile(filepath.Join(sa, "ca.crt"), ca, 0o600)
-	os.WriteFile(filepath.Join(sa, "token"), []byte(first), 0o600)
-	os.WriteFile(filepath.Join(sa, "namespace"), []byte(ns), 0o600)
-	old := k8s.ServiceAccountDir
-	k8s.ServiceAccountDir = sa
-	t.Cleanup(func() { k8s.ServiceAccountDir = old })
-	host, port, _ := strings.Cut(strings.TrimPrefix(k.URL, "https://"), ":")
-	t.Setenv("KUBECONFIG", "")
-	t.Setenv("KUBERNETES_SERVICE_HOST", host)
-	t.Setenv("KUBERNETES_SERVICE_PORT", port)
+	sa := inPod(t, k, ns, first)
 
 	const ttl = 3 * time.Second
 	h, err := locktest.Open(t, "k8s://", lock.Options{TTL: ttl, Grace: 500 * time.Millisecond}).Acquire(locktest.Context(t), "dbmigration")
