@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
 	"github.com/withlock/withlock/internal/lock/redis"
@@ -108,19 +110,24 @@ func TestClusterSlots(t *testing.T) {
 	}
 }
 
-// TestClusterFreshKeys: withlock's per-slot fresh keys are the ones testenv
-// marks a new cluster with, and each is in its slot as the server hashes it.
+// TestClusterFreshKeys: withlock's per-slot fresh keys (with which testenv
+// marks a new cluster) are each in its slot as the server hashes it, every
+// one of them.
 func TestClusterFreshKeys(t *testing.T) {
 	r := testenv.RequireRedis(t, testenv.RedisOptions{Cluster: true})
-	for slot := range redis.NumSlots {
-		if got, want := redis.FreshKeyFor(slot), testenv.RedisFreshKeyFor(slot); got != want {
-			t.Fatalf("slot %d: FreshKeyFor %q, testenv %q", slot, got, want)
+	c := client(t, r.URL)
+	slots := make([]*goredis.IntCmd, redis.NumSlots)
+	if _, err := c.Pipelined(locktest.Context(t), func(p goredis.Pipeliner) error {
+		for slot := range slots {
+			slots[slot] = p.ClusterKeySlot(locktest.Context(t), redis.FreshKeyFor(slot))
 		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
-	for _, slot := range []int{0, 1, 5460, 5461, 12182, 16383} {
-		key := redis.FreshKeyFor(slot)
-		if got := do(t, r.URL, "CLUSTER", "KEYSLOT", key); got != strconv.Itoa(slot) || redis.Slot(key) != slot {
-			t.Errorf("%s: the server's slot %s, Slot %d; want %d", key, got, redis.Slot(key), slot)
+	for slot, got := range slots {
+		if key := redis.FreshKeyFor(slot); got.Val() != int64(slot) || redis.Slot(key) != slot {
+			t.Fatalf("%s: the server's slot %d, Slot %d; want %d", key, got.Val(), redis.Slot(key), slot)
 		}
 	}
 	for _, key := range []string{"a{b}c", "{}x", "a{", "}{b}", "{{x}}", "x{y}z{w}"} {
