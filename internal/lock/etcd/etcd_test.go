@@ -255,24 +255,34 @@ func TestMutexInteropModes(t *testing.T) {
 	}
 }
 
+// waiting has c wait for name on a goroutine, and returns once the server
+// shows the wait (a watcher); the channel gets what Acquire got: nil for an
+// error, which fails t.
+func waiting(t *testing.T, e *testenv.Etcd, c *lock.Client, name string) <-chan *lock.Held {
+	t.Helper()
+	got := make(chan *lock.Held, 1)
+	go func() {
+		h, err := c.Acquire(locktest.Context(t), name)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	waitWatchers(t, e, 1)
+	return got
+}
+
 // waitWatchers waits until the server has n watches open: waiters are
 // queued (each watches the key it waits for).
 func waitWatchers(t *testing.T, e *testenv.Etcd, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.WaitFor(t, fmt.Sprintf("%d watches on the server", n), func() bool {
 		got, err := e.Watchers()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the server has %d watches; want %d", got, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return got == n
+	})
 }
 
 // A writer that waits is not starved by readers that come after it: they
@@ -287,15 +297,7 @@ func TestWriterNotStarved(t *testing.T) {
 		t.Fatal(err)
 	}
 	x := locktest.Open(t, e.URL, lock.Options{})
-	got := make(chan *lock.Held, 1)
-	go func() {
-		h, err := x.Acquire(locktest.Context(t), name)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- h
-	}()
-	waitWatchers(t, e, 1)
+	got := waiting(t, e, x, name)
 	r2 := locktest.Open(t, e.URL, shared)
 	if _, err := r2.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
 		t.Fatalf("a reader after a waiting writer: %v; want ErrHeld", err)
@@ -326,15 +328,7 @@ func TestLongWaitRenews(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := locktest.Open(t, e.URL, lock.Options{TTL: ttl})
-	got := make(chan *lock.Held, 1)
-	go func() {
-		h, err := b.Acquire(locktest.Context(t), name)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- h
-	}()
-	waitWatchers(t, e, 1)
+	got := waiting(t, e, b, name)
 	waiter := keys(t, c, name)[1]
 	// Three lease lengths: the point of this test.
 	time.Sleep(3 * ttl)
@@ -663,15 +657,7 @@ func TestWaitAcrossRestart(t *testing.T) {
 	}
 	retrying := said{msg: "backend unavailable; retrying", seen: make(chan struct{}), once: new(sync.Once)}
 	b := locktest.Open(t, e.URL, lock.Options{TTL: 9 * time.Second, ConnectTimeout: time.Minute, Log: slog.New(retrying)})
-	got := make(chan *lock.Held, 1)
-	go func() {
-		h, err := b.Acquire(locktest.Context(t), name)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- h
-	}()
-	waitWatchers(t, e, 1)
+	got := waiting(t, e, b, name)
 	before := keys(t, c, name) // the holder's and the waiter's
 	if len(before) != 2 {
 		t.Fatalf("keys of a holder and a waiter: %q", before)
@@ -868,15 +854,7 @@ func TestSilentWatch(t *testing.T) {
 	}
 	const ttl = 3 * time.Second
 	b := locktest.Open(t, "etcd://"+strings.TrimPrefix(silent.URL, "http://"), lock.Options{TTL: ttl})
-	got := make(chan *lock.Held, 1)
-	go func() {
-		h, err := b.Acquire(locktest.Context(t), name)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- h
-	}()
-	waitWatchers(t, e, 1)
+	got := waiting(t, e, b, name)
 	if err := ha.Release(locktest.Context(t)); err != nil {
 		t.Fatal(err)
 	}
