@@ -20,7 +20,7 @@ const RedisSlots = redis.NumSlots
 
 // RedisCluster is a running Redis Cluster of three masters on 127.0.0.1,
 // without replicas or persistence, each serving a third of the slots. Every
-// slot's fresh key (RedisFreshKeyFor) holds its master's run_id, as on a
+// slot's fresh key (redis.FreshKeyFor) holds its master's run_id, as on a
 // new [Redis].
 //
 // Its URL names every node, in go-redis's form for a cluster:

@@ -349,15 +349,21 @@ func TestSemaphoreWakes(t *testing.T) {
 		t.Helper()
 		query(t, db, "select pg_terminate_backend("+pid+", 30000)")
 	}
-
-	t.Run("every holder's session ends", func(t *testing.T) {
-		name := locktest.Name(t)
-		la, _ := locktest.Open(t, db, sem(1)).TryAcquire(locktest.Context(t), name)
-		lb, _ := locktest.Open(t, db, sem(2)).TryAcquire(locktest.Context(t), name)
+	// full has two holders (pids 1 and 2) fill the semaphore name, and a
+	// third wait.
+	full := func(t *testing.T, name string) (la, lb lock.Lease, w <-chan result) {
+		t.Helper()
+		la, _ = locktest.Open(t, db, sem(1)).TryAcquire(locktest.Context(t), name)
+		lb, _ = locktest.Open(t, db, sem(2)).TryAcquire(locktest.Context(t), name)
 		if la == nil || lb == nil {
 			t.Fatal("the holders could not take their slots")
 		}
-		w := wait(t, locktest.Open(t, db, sem(3)), name)
+		return la, lb, wait(t, locktest.Open(t, db, sem(3)), name)
+	}
+
+	t.Run("every holder's session ends", func(t *testing.T) {
+		name := locktest.Name(t)
+		_, _, w := full(t, name)
 		detected(name)
 		// As if both holders' hosts died: no release, no NOTIFY, no check.
 		terminate(slotHolder(name, 0))
@@ -367,12 +373,7 @@ func TestSemaphoreWakes(t *testing.T) {
 
 	t.Run("another holder's session ends", func(t *testing.T) {
 		name := locktest.Name(t)
-		la, _ := locktest.Open(t, db, sem(1)).TryAcquire(locktest.Context(t), name)
-		lb, _ := locktest.Open(t, db, sem(2)).TryAcquire(locktest.Context(t), name)
-		if la == nil || lb == nil {
-			t.Fatal("the holders could not take their slots")
-		}
-		w := wait(t, locktest.Open(t, db, sem(3)), name)
+		la, lb, w := full(t, name)
 		watched := detected(name)
 		survivor := map[int]lock.Lease{0: la, 1: lb}[watched] // slots are taken in order: a has 0
 		waiterActivity := `select string_agg(query_start::text, ',' order by pid) from pg_stat_activity where application_name like 'withlock 3@%'`
@@ -394,12 +395,7 @@ func TestSemaphoreWakes(t *testing.T) {
 
 	t.Run("a holder releases", func(t *testing.T) {
 		name := locktest.Name(t)
-		la, _ := locktest.Open(t, db, sem(1)).TryAcquire(locktest.Context(t), name)
-		lb, _ := locktest.Open(t, db, sem(2)).TryAcquire(locktest.Context(t), name)
-		if la == nil || lb == nil {
-			t.Fatal("the holders could not take their slots")
-		}
-		w := wait(t, locktest.Open(t, db, sem(3)), name)
+		la, lb, w := full(t, name)
 		watched := detected(name)
 		// The holder whose slot the detector does not watch: only the NOTIFY
 		// of its release can wake the waiter.
