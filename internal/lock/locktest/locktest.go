@@ -474,8 +474,13 @@ func testAcquireTimeout(t *testing.T, open OpenFunc) {
 }
 
 // BenchRoundTrip measures one TryAcquire and Release through an open
-// Backend, the hot path of every backend.
-func BenchRoundTrip(b *testing.B, bk lock.Backend) {
+// client of url, the hot path of every backend.
+func BenchRoundTrip(b *testing.B, url string) {
+	bk, err := lock.Open(url, lock.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bk.Close()
 	ctx := context.Background()
 	for b.Loop() {
 		l, err := bk.TryAcquire(ctx, "locktest-bench")

@@ -250,12 +250,7 @@ func BenchmarkKeys(b *testing.B) {
 // BenchmarkRoundTrip is one acquire and release on an open connection.
 func BenchmarkRoundTrip(b *testing.B) {
 	p := testenv.RequirePostgres(b)
-	bk, err := lock.Open(p.URL, lock.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer bk.Close()
-	locktest.BenchRoundTrip(b, bk)
+	locktest.BenchRoundTrip(b, p.URL)
 }
 
 // TestOneDial: one attempt is one connection; withlock's wait loop, not the
