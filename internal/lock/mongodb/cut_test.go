@@ -87,6 +87,29 @@ func TestCutConnection(t *testing.T) {
 	keepSteps := []step{{"hello", 1}, {"insert", 1}, {"find", 1}}
 	release := []step{{"insert", 1}}
 
+	// cut has p cut the connection at s, as c says, while f runs, which
+	// must find the server unavailable.
+	cut := func(t *testing.T, p *faultproxy.Proxy, s step, c faultproxy.Cut, what string, f func() error) {
+		t.Helper()
+		p.SetRule(cutAt(s.cmd, s.nth, c))
+		mustBeUnavailable(t, what, f())
+		p.SetRule(nil)
+	}
+	// held takes a new name through a client behind a new proxy, and opens
+	// another client straight to the server.
+	held := func(t *testing.T) (p *faultproxy.Proxy, l lock.Lease, other *lock.Client, name string) {
+		t.Helper()
+		p = startProxy(t, u.Host)
+		b := locktest.Open(t, "mongodb://"+p.Addr()+"/", lock.Options{TTL: ttl, ConnectTimeout: time.Second})
+		other = locktest.Open(t, m.URL, lock.Options{})
+		name = locktest.Name(t)
+		l, err := b.TryAcquire(locktest.Context(t), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, l, other, name
+	}
+
 	for _, s := range acquire {
 		for _, c := range cuts {
 			t.Run(fmt.Sprintf("TryAcquire/%s#%d/%v", s.cmd, s.nth, c), func(t *testing.T) {
@@ -94,10 +117,10 @@ func TestCutConnection(t *testing.T) {
 				p := startProxy(t, u.Host)
 				b := locktest.Open(t, "mongodb://u:pw@"+p.Addr()+"/?authMechanism=PLAIN", lock.Options{TTL: ttl, ConnectTimeout: time.Second})
 				name := locktest.Name(t)
-				p.SetRule(cutAt(s.cmd, s.nth, c))
-				_, err := b.TryAcquire(locktest.Context(t), name)
-				mustBeUnavailable(t, "TryAcquire", err)
-				p.SetRule(nil)
+				cut(t, p, s, c, "TryAcquire", func() error {
+					_, err := b.TryAcquire(locktest.Context(t), name)
+					return err
+				})
 				eventually(t, "TryAcquire", func() error {
 					l, err := b.TryAcquire(locktest.Context(t), name)
 					if err == nil {
@@ -112,17 +135,8 @@ func TestCutConnection(t *testing.T) {
 		for _, c := range cuts {
 			t.Run(fmt.Sprintf("Keep/%s#%d/%v", s.cmd, s.nth, c), func(t *testing.T) {
 				t.Parallel()
-				p := startProxy(t, u.Host)
-				b := locktest.Open(t, "mongodb://"+p.Addr()+"/", lock.Options{TTL: ttl, ConnectTimeout: time.Second})
-				other := locktest.Open(t, m.URL, lock.Options{})
-				name := locktest.Name(t)
-				l, err := b.TryAcquire(locktest.Context(t), name)
-				if err != nil {
-					t.Fatal(err)
-				}
-				p.SetRule(cutAt(s.cmd, s.nth, c))
-				mustBeUnavailable(t, "Keep", l.Keep(locktest.Context(t)))
-				p.SetRule(nil)
+				p, l, other, name := held(t)
+				cut(t, p, s, c, "Keep", func() error { return l.Keep(locktest.Context(t)) })
 				eventually(t, "Keep", func() error { return l.Keep(locktest.Context(t)) })
 				if _, err := other.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
 					t.Fatalf("another client's TryAcquire: %v; want ErrHeld", err)
@@ -135,17 +149,8 @@ func TestCutConnection(t *testing.T) {
 		for _, c := range cuts {
 			t.Run(fmt.Sprintf("Release/%s#%d/%v", s.cmd, s.nth, c), func(t *testing.T) {
 				t.Parallel()
-				p := startProxy(t, u.Host)
-				b := locktest.Open(t, "mongodb://"+p.Addr()+"/", lock.Options{TTL: ttl, ConnectTimeout: time.Second})
-				other := locktest.Open(t, m.URL, lock.Options{})
-				name := locktest.Name(t)
-				l, err := b.TryAcquire(locktest.Context(t), name)
-				if err != nil {
-					t.Fatal(err)
-				}
-				p.SetRule(cutAt(s.cmd, s.nth, c))
-				mustBeUnavailable(t, "Release", l.Release(locktest.Context(t)))
-				p.SetRule(nil)
+				p, l, other, name := held(t)
+				cut(t, p, s, c, "Release", func() error { return l.Release(locktest.Context(t)) })
 				landed := s.cmd == "insert" && (c == faultproxy.ResetAfter || c == faultproxy.CloseAfter)
 				eventually(t, "Release", func() error {
 					err := l.Release(locktest.Context(t))
