@@ -58,8 +58,8 @@ import (
 //	                          ($KUBECONFIG) each; see kubeScript
 func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
-		"status": expectStatus,
-		"pgtx":   holdTransaction,
+		"exits": expectExit,
+		"pgtx":  holdTransaction,
 	})
 }
 
@@ -86,22 +86,22 @@ func holdTransaction() {
 	select {}
 }
 
-// expectStatus is the program "status N PROG [ARG...]": it runs PROG with
+// expectExit is the program "exits N PROG [ARG...]": it runs PROG with
 // stdio passed through, forwards the usual signals to it (so that "kill" of
-// a background "exec status ..." reaches PROG), and exits 0 if PROG exited
+// a background "exec exits ..." reaches PROG), and exits 0 if PROG exited
 // with status N, else 1. testscript's exec only tells zero from non-zero.
 // When PROG is withlock and N one of its own statuses (ownStatus), it also
 // fails if withlock's stderr holds a line that is not withlock's own: a
 // driver's logger writing there, say. Every failure a script provokes
-// through "exec status" is checked so.
-func expectStatus() {
+// through "exec exits" is checked so.
+func expectExit() {
 	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: status N PROG [ARG...]")
+		fmt.Fprintln(os.Stderr, "usage: exits N PROG [ARG...]")
 		os.Exit(2)
 	}
 	want, err := strconv.Atoi(os.Args[1])
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "status: N must be a number")
+		fmt.Fprintln(os.Stderr, "exits: N must be a number")
 		os.Exit(2)
 	}
 	c := osexec.Command(os.Args[2], os.Args[3:]...)
@@ -114,7 +114,7 @@ func expectStatus() {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH)
 	if err := c.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "status:", err)
+		fmt.Fprintln(os.Stderr, "exits:", err)
 		os.Exit(1)
 	}
 	go func() {
@@ -128,12 +128,12 @@ func expectStatus() {
 		got = 128 + int(ws.Signal())
 	}
 	if got != want {
-		fmt.Fprintf(os.Stderr, "status: %s exited %d, want %d\n", os.Args[2], got, want)
+		fmt.Fprintf(os.Stderr, "exits: %s exited %d, want %d\n", os.Args[2], got, want)
 		os.Exit(1)
 	}
 	if checked {
 		if line, ok := onlyOwnLines(stderr.String(), slices.Contains(os.Args, "--log-format=json") || isFlag(os.Args, "--log-format", "json")); !ok {
-			fmt.Fprintf(os.Stderr, "status: withlock's stderr has a line that is not its own (docs/behaviour.md, Output): %q\n", line)
+			fmt.Fprintf(os.Stderr, "exits: withlock's stderr has a line that is not its own (docs/behaviour.md, Output): %q\n", line)
 			os.Exit(1)
 		}
 	}

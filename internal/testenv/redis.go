@@ -14,6 +14,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/withlock/withlock/internal/lock/redis"
 )
 
 // ErrNoRedis is returned by [StartRedis] when redis-server is not installed.
@@ -21,8 +23,8 @@ import (
 var ErrNoRedis = errors.New("testenv: redis-server not found in PATH; install it with: apt-get install redis-server (or run scripts/test-deps as root)")
 
 // RedisFreshKey is the key whose value, the server's run_id, tells withlock
-// that this start of the server forgot no lock (internal/lock/redis.FreshKey).
-const RedisFreshKey = "withlock-fresh"
+// that this start of the server forgot no lock.
+const RedisFreshKey = redis.FreshKey
 
 // Redis is a running throwaway redis-server on 127.0.0.1, without
 // persistence: its data does not survive Stop. A new server is marked as

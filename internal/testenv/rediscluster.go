@@ -8,19 +8,20 @@ import (
 	neturl "net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/withlock/withlock/internal/lock/redis"
 )
 
 // RedisSlots is the number of hash slots of a Redis Cluster.
-const RedisSlots = 16384
+const RedisSlots = redis.NumSlots
 
 // RedisCluster is a running Redis Cluster of three masters on 127.0.0.1,
 // without replicas or persistence, each serving a third of the slots. Every
-// slot's fresh key (RedisFreshKeyFor) holds its master's run_id, as on a
+// slot's fresh key (redis.FreshKeyFor) holds its master's run_id, as on a
 // new [Redis].
 //
 // Its URL names every node as the cluster announces it (a node with a
@@ -221,44 +222,6 @@ func (c *RedisCluster) each(f func(*Redis) error) error {
 	return errors.Join(errs...)
 }
 
-// RedisFreshKeyFor is the key whose value, the run_id of the master that
-// serves slot, tells withlock that this start of the master forgot no lock
-// of that slot (internal/lock/redis.FreshKeyFor): withlock-fresh:{N}, N the
-// smallest whole number whose decimal text hashes to slot.
-func RedisFreshKeyFor(slot int) string {
-	return "withlock-fresh:{" + strconv.Itoa(int(redisSlotTags()[slot])) + "}"
-}
-
-var redisSlotTags = sync.OnceValue(func() *[RedisSlots]int32 {
-	var tags [RedisSlots]int32
-	for i := range tags {
-		tags[i] = -1
-	}
-	for n, left := int32(0), RedisSlots; left > 0; n++ {
-		if s := redisCRC16(strconv.Itoa(int(n))) % RedisSlots; tags[s] < 0 {
-			tags[s] = n
-			left--
-		}
-	}
-	return &tags
-})
-
-// redisCRC16 is CRC-16/XMODEM, Redis Cluster's hash of a key.
-func redisCRC16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
-
 // markFreshSlots sets the fresh key of slots first to last, served by r,
 // to r's run_id, in one pipeline.
 func markFreshSlots(r *Redis, first, last int) error {
@@ -279,7 +242,7 @@ func markFreshSlots(r *Redis, first, last int) error {
 	defer client.Close()
 	_, err = client.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		for slot := first; slot <= last; slot++ {
-			p.Set(ctx, RedisFreshKeyFor(slot), runID, 0)
+			p.Set(ctx, redis.FreshKeyFor(slot), runID, 0)
 		}
 		return nil
 	})

@@ -156,21 +156,13 @@ func TestCrash(t *testing.T) {
 	}
 	var dir string
 	var pid int
-	waitFor(t, "the child to start a server", func() bool { b, _ := os.ReadFile(out); fmt.Sscan(string(b), &dir, &pid); return pid != 0 })
+	WaitFor(t, "the child to start a server", func() bool { b, _ := os.ReadFile(out); fmt.Sscan(string(b), &dir, &pid); return pid != 0 })
 	child.Process.Kill()
 	child.Wait()
-	waitFor(t, "the crashed child's redis-server to end", func() bool { return syscall.Kill(pid, 0) != nil })
+	WaitFor(t, "the crashed child's redis-server to end", func() bool { return syscall.Kill(pid, 0) != nil })
 	RequireRedis(t)
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the crashed child's directory is still there after the next start: %v", err)
-	}
-}
-
-func waitFor(t *testing.T, what string, done func() bool) {
-	for deadline := time.Now().Add(time.Minute); !done(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited a minute for %s", what)
-		}
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -25,6 +24,7 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/etcd"
 	"github.com/withlock/withlock/internal/lock/locktest"
+	"github.com/withlock/withlock/internal/stress/faultproxy"
 	"github.com/withlock/withlock/internal/testenv"
 )
 
@@ -65,18 +65,21 @@ func TestConformance(t *testing.T) {
 
 func testConformance(t *testing.T, e *testenv.Etcd) {
 	c := client(t, e)
-	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, e.URL, opts) }
-	locktest.Run(t, open, locktest.Options{})
-	// A lease broken behind its holder's back: its key deleted, as
-	// `etcdctl del` would.
-	locktest.RunLeaseWith(t, open, func(t *testing.T, name string) {
-		resp, err := c.Delete(locktest.Context(t), etcd.Prefix(name), clientv3.WithPrefix())
-		if err != nil || resp.Deleted != 1 {
-			t.Fatalf("delete %s*: %v, %v; want one key deleted", etcd.Prefix(name), resp, err)
-		}
-	}, locktest.LeaseOptions{NoHeldFor: true})
-	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
-	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, e.URL, opts) },
+		Lease: &locktest.Lease{
+			// A lease broken behind its holder's back: its key deleted, as
+			// `etcdctl del` would.
+			Break: func(t *testing.T, name string) {
+				resp, err := c.Delete(locktest.Context(t), etcd.Prefix(name), clientv3.WithPrefix())
+				if err != nil || resp.Deleted != 1 {
+					t.Fatalf("delete %s*: %v, %v; want one key deleted", etcd.Prefix(name), resp, err)
+				}
+			},
+			NoHeldFor: true,
+		},
+		Modes: locktest.Modes{RecordsN: true},
+	})
 }
 
 // The keys are those of concurrency.Mutex, etcd's recipe, which etcdctl
@@ -254,24 +257,34 @@ func TestMutexInteropModes(t *testing.T) {
 	}
 }
 
+// waiting has c wait for name on a goroutine, and returns once the server
+// shows the wait (a watcher); the channel gets what Acquire got: nil for an
+// error, which fails t.
+func waiting(t *testing.T, e *testenv.Etcd, c *lock.Client, name string) <-chan *lock.Held {
+	t.Helper()
+	got := make(chan *lock.Held, 1)
+	go func() {
+		h, err := c.Acquire(locktest.Context(t), name)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	waitWatchers(t, e, 1)
+	return got
+}
+
 // waitWatchers waits until the server has n watches open: waiters are
 // queued (each watches the key it waits for).
 func waitWatchers(t *testing.T, e *testenv.Etcd, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.WaitFor(t, fmt.Sprintf("%d watches on the server", n), func() bool {
 		got, err := e.Watchers()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the server has %d watches; want %d", got, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return got == n
+	})
 }
 
 // A writer that waits is not starved by readers that come after it: they
@@ -286,15 +299,7 @@ func TestWriterNotStarved(t *testing.T) {
 		t.Fatal(err)
 	}
 	x := locktest.Open(t, e.URL, lock.Options{})
-	got := make(chan *lock.Held, 1)
-	go func() {
-		h, err := x.Acquire(locktest.Context(t), name)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- h
-	}()
-	waitWatchers(t, e, 1)
+	got := waiting(t, e, x, name)
 	r2 := locktest.Open(t, e.URL, shared)
 	if _, err := r2.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
 		t.Fatalf("a reader after a waiting writer: %v; want ErrHeld", err)
@@ -325,15 +330,7 @@ func TestLongWaitRenews(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := locktest.Open(t, e.URL, lock.Options{TTL: ttl})
-	got := make(chan *lock.Held, 1)
-	go func() {
-		h, err := b.Acquire(locktest.Context(t), name)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- h
-	}()
-	waitWatchers(t, e, 1)
+	got := waiting(t, e, b, name)
 	waiter := keys(t, c, name)[1]
 	// Three lease lengths: the point of this test.
 	time.Sleep(3 * ttl)
@@ -524,21 +521,15 @@ func TestErrors(t *testing.T) {
 		// cut off behind a proxy): the request sent to it times out, and
 		// the next one goes to the next member, as the official client's
 		// balancer did.
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		// A proxy that is black-holed before its first connection.
+		member, _ := url.Parse(e.URL)
+		hung, err := faultproxy.Start(member.Host)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer l.Close()
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				defer c.Close()
-			}
-		}()
-		u := strings.Replace(withUser("app", "apppw"), "@", "@"+l.Addr().String()+",", 1)
+		defer hung.Close()
+		hung.BlackHole()
+		u := strings.Replace(withUser("app", "apppw"), "@", "@"+hung.Addr()+",", 1)
 		b := locktest.Open(t, u, lock.Options{})
 		ctx, cancel := context.WithTimeout(locktest.Context(t), time.Second)
 		_, err = b.TryAcquire(ctx, "jobs/hung")
@@ -627,12 +618,7 @@ func TestURLs(t *testing.T) {
 // BenchmarkRoundTrip is one acquire and release on an open client.
 func BenchmarkRoundTrip(b *testing.B) {
 	e := testenv.RequireEtcd(b)
-	bk, err := lock.Open(e.URL, lock.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer bk.Close()
-	locktest.BenchRoundTrip(b, bk)
+	locktest.BenchRoundTrip(b, e.URL)
 }
 
 // said is a slog.Handler that tells when a message is logged.
@@ -668,15 +654,7 @@ func TestWaitAcrossRestart(t *testing.T) {
 	}
 	retrying := said{msg: "backend unavailable; retrying", seen: make(chan struct{}), once: new(sync.Once)}
 	b := locktest.Open(t, e.URL, lock.Options{TTL: 9 * time.Second, ConnectTimeout: time.Minute, Log: slog.New(retrying)})
-	got := make(chan *lock.Held, 1)
-	go func() {
-		h, err := b.Acquire(locktest.Context(t), name)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- h
-	}()
-	waitWatchers(t, e, 1)
+	got := waiting(t, e, b, name)
 	before := keys(t, c, name) // the holder's and the waiter's
 	if len(before) != 2 {
 		t.Fatalf("keys of a holder and a waiter: %q", before)
@@ -873,15 +851,7 @@ func TestSilentWatch(t *testing.T) {
 	}
 	const ttl = 3 * time.Second
 	b := locktest.Open(t, "etcd://"+strings.TrimPrefix(silent.URL, "http://"), lock.Options{TTL: ttl})
-	got := make(chan *lock.Held, 1)
-	go func() {
-		h, err := b.Acquire(locktest.Context(t), name)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- h
-	}()
-	waitWatchers(t, e, 1)
+	got := waiting(t, e, b, name)
 	if err := ha.Release(locktest.Context(t)); err != nil {
 		t.Fatal(err)
 	}

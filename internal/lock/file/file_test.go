@@ -15,31 +15,20 @@ import (
 	"github.com/withlock/withlock/internal/lock/locktest"
 )
 
+// TestConformance: the shared suite on one directory. For status and
+// release --force, a holder is this test process itself (OwnProcess): Break
+// checks and signals the real holding process, and the leases of this
+// process, which all hear that signal, let go. A semaphore's N is kept in
+// its slots' records.
 func TestConformance(t *testing.T) {
 	dir := t.TempDir()
-	locktest.Run(t, func(t *testing.T, opts lock.Options) *lock.Client {
-		return locktest.Open(t, "file://"+dir, opts)
-	}, locktest.Options{Session: true})
-}
-
-// open is the suite's OpenFunc: clients of one directory per test.
-func open(t *testing.T) locktest.OpenFunc {
-	dir := t.TempDir()
-	return func(t *testing.T, opts lock.Options) *lock.Client {
-		return locktest.Open(t, "file://"+dir, opts)
-	}
-}
-
-// TestOperators: status and release --force. A holder is this test process
-// itself (OwnProcess): Break checks and signals the real holding process,
-// and the leases of this process, which all hear that signal, let go.
-func TestOperators(t *testing.T) {
-	locktest.RunOperators(t, open(t), locktest.OperatorOptions{OwnProcess: true})
-}
-
-// TestModes: shared locks and semaphores, whose N the slots' records keep.
-func TestModes(t *testing.T) {
-	locktest.RunModes(t, open(t), locktest.ModeOptions{RecordsN: true})
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client {
+			return locktest.Open(t, "file://"+dir, opts)
+		},
+		Operators: locktest.Operators{OwnProcess: true},
+		Modes:     locktest.Modes{RecordsN: true},
+	})
 }
 
 func TestFileName(t *testing.T) {

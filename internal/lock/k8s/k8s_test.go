@@ -89,15 +89,19 @@ func leasePath(ns, name string) string {
 
 func TestConformance(t *testing.T) {
 	k, ns, url := space(t)
-	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, url, opts) }
-	locktest.Run(t, open, locktest.Options{})
-	locktest.RunLeaseWith(t, open, func(t *testing.T, name string) {
-		if err := k.Do("DELETE", leasePath(ns, k8s.LeaseName(name)), nil, nil); err != nil {
-			t.Fatalf("deleting the Lease: %v", err)
-		}
-	}, locktest.LeaseOptions{WholeSeconds: true, Margin: time.Second})
-	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
-	locktest.RunModes(t, open, locktest.ModeOptions{NoShared: true, RecordsN: true, Lease: true})
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, url, opts) },
+		Lease: &locktest.Lease{
+			Break: func(t *testing.T, name string) {
+				if err := k.Do("DELETE", leasePath(ns, k8s.LeaseName(name)), nil, nil); err != nil {
+					t.Fatalf("deleting the Lease: %v", err)
+				}
+			},
+			WholeSeconds: true,
+			Margin:       time.Second,
+		},
+		Modes: locktest.Modes{NoShared: true, RecordsN: true},
+	})
 }
 
 // TestLeaseFields: the Lease says who holds it as the issue asks: NAME
@@ -216,21 +220,7 @@ func TestInClusterServiceAccount(t *testing.T) {
 	if err := k.Namespace(other); err != nil {
 		t.Fatal(err)
 	}
-	sa := t.TempDir()
-	ca, err := os.ReadFile(k.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(sa, "ca.crt"), ca, 0o600)
-	os.WriteFile(filepath.Join(sa, "token"), []byte(token), 0o600)
-	os.WriteFile(filepath.Join(sa, "namespace"), []byte(ns), 0o600)
-	old := k8s.ServiceAccountDir
-	k8s.ServiceAccountDir = sa
-	t.Cleanup(func() { k8s.ServiceAccountDir = old })
-	host, port, _ := strings.Cut(strings.TrimPrefix(k.URL, "https://"), ":")
-	t.Setenv("KUBECONFIG", "")
-	t.Setenv("KUBERNETES_SERVICE_HOST", host)
-	t.Setenv("KUBERNETES_SERVICE_PORT", port)
+	inPod(t, k, ns, token)
 
 	c := locktest.Open(t, "k8s://", lock.Options{})
 	l, err := c.TryAcquire(locktest.Context(t), "dbmigration")
@@ -251,33 +241,85 @@ func TestInClusterServiceAccount(t *testing.T) {
 	}
 }
 
+// inPod makes t run as in a pod of namespace ns whose service account's
+// token is token: the account's directory (CA, token, namespace) mounted,
+// the service's host and port in the environment, no kubeconfig. It
+// returns the directory.
+func inPod(t *testing.T, k *testenv.Kube, ns, token string) string {
+	t.Helper()
+	sa := t.TempDir()
+	ca, err := os.ReadFile(k.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(sa, "ca.crt"), ca, 0o600)
+	os.WriteFile(filepath.Join(sa, "token"), []byte(token), 0o600)
+	os.WriteFile(filepath.Join(sa, "namespace"), []byte(ns), 0o600)
+	old := k8s.ServiceAccountDir
+	k8s.ServiceAccountDir = sa
+	t.Cleanup(func() { k8s.ServiceAccountDir = old })
+	host, port, _ := strings.Cut(strings.TrimPrefix(k.URL, "https://"), ":")
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("KUBERNETES_SERVICE_HOST", host)
+	t.Setenv("KUBERNETES_SERVICE_PORT", port)
+	return sa
+}
+
 // TestExecPluginServer: a kubeconfig whose user is an exec credential
 // plugin (a shell script printing an ExecCredential with leaser's token)
 // reaches the real server.
 func TestExecPluginServer(t *testing.T) {
 	k, ns, _ := space(t)
-	dir := t.TempDir()
-	plugin := filepath.Join(dir, "plugin.sh")
-	os.WriteFile(plugin, []byte(`#!/bin/sh
+	setKubeconfig(t, k, ns, "", execUser(t.TempDir(), `#!/bin/sh
 printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s"}}\n' "$TOKEN"
-`), 0o755)
-	kc := filepath.Join(dir, "kubeconfig")
-	os.WriteFile(kc, []byte(fmt.Sprintf(`
+`, "TOKEN", k.UserToken("leaser")))
+	takeOnce(t, "with an exec plugin's token")
+}
+
+// setKubeconfig writes a kubeconfig that reaches k, in namespace ns, with
+// the cluster's fields besides its server and CA (", proxy-url: ..."), and
+// the user's (YAML, under "user:"), and makes it $KUBECONFIG for t.
+func setKubeconfig(t *testing.T, k *testenv.Kube, ns, cluster, user string) {
+	t.Helper()
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	err := os.WriteFile(kc, []byte(fmt.Sprintf(`
 current-context: x
-clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
+clusters: [{name: c, cluster: {server: %q, certificate-authority: %q%s}}]
 users:
 - name: u
   user:
-    exec:
+%s
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+`, k.URL, k.CAFile, cluster, user, ns)), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", kc)
+}
+
+// execUser writes script to dir/plugin.sh and returns the fields of a
+// user whose exec credential plugin it is, run with env (names and
+// values, in turn).
+func execUser(dir, script string, env ...string) string {
+	plugin := filepath.Join(dir, "plugin.sh")
+	os.WriteFile(plugin, []byte(script), 0o755)
+	var vars []string
+	for i := 0; i+1 < len(env); i += 2 {
+		vars = append(vars, fmt.Sprintf("{name: %s, value: %q}", env[i], env[i+1]))
+	}
+	return fmt.Sprintf(`    exec:
       apiVersion: client.authentication.k8s.io/v1
       command: %s
-      env: [{name: TOKEN, value: %q}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
-`, k.URL, k.CAFile, plugin, k.UserToken("leaser"), ns)), 0o600)
-	t.Setenv("KUBECONFIG", kc)
+      env: [%s]`, plugin, strings.Join(vars, ", "))
+}
+
+// takeOnce takes "job" through a new client of the kubeconfig's namespace,
+// what saying how, and releases it.
+func takeOnce(t *testing.T, what string) {
+	t.Helper()
 	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
 	if err != nil {
-		t.Fatalf("TryAcquire with an exec plugin's token: %v", err)
+		t.Fatalf("TryAcquire %s: %v", what, err)
 	}
 	if err := l.Release(locktest.Context(t)); err != nil {
 		t.Fatal(err)
@@ -553,36 +595,15 @@ func TestForeignFields(t *testing.T) {
 func TestStaleToken401(t *testing.T) {
 	k, ns, _ := space(t)
 	dir := t.TempDir()
-	plugin := filepath.Join(dir, "plugin.sh")
 	// The first run prints a token the server does not know, the next ones
 	// leaser's; each run adds a line to runs.
-	os.WriteFile(plugin, []byte(`#!/bin/sh
+	setKubeconfig(t, k, ns, "", execUser(dir, `#!/bin/sh
 token=$TOKEN
 [ -f "$DIR/runs" ] || token=stale
 echo run >> "$DIR/runs"
 printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s"}}\n' "$token"
-`), 0o755)
-	kc := filepath.Join(dir, "kubeconfig")
-	os.WriteFile(kc, []byte(fmt.Sprintf(`
-current-context: x
-clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
-users:
-- name: u
-  user:
-    exec:
-      apiVersion: client.authentication.k8s.io/v1
-      command: %s
-      env: [{name: TOKEN, value: %q}, {name: DIR, value: %q}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
-`, k.URL, k.CAFile, plugin, k.UserToken("leaser"), dir, ns)), 0o600)
-	t.Setenv("KUBECONFIG", kc)
-	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
-	if err != nil {
-		t.Fatalf("TryAcquire with a stale cached token: %v; want a retry with a fresh one", err)
-	}
-	if err := l.Release(locktest.Context(t)); err != nil {
-		t.Fatal(err)
-	}
+`, "TOKEN", k.UserToken("leaser"), "DIR", dir))
+	takeOnce(t, "with a stale cached token (want a retry with a fresh one)")
 	if runs, _ := os.ReadFile(filepath.Join(dir, "runs")); strings.Count(string(runs), "\n") != 2 {
 		t.Errorf("the plugin ran %d times; want 2 (the stale token, then a fresh one)", strings.Count(string(runs), "\n"))
 	}
@@ -614,28 +635,13 @@ func TestRotatingClientCert(t *testing.T) {
 		})
 		os.WriteFile(filepath.Join(dir, fmt.Sprintf("cred%d", i)), cred, 0o600)
 	}
-	plugin := filepath.Join(dir, "plugin.sh")
 	// Each run prints the certificate of the moment: the next in line,
 	// skipping those that expire within the plugin's own margin.
-	os.WriteFile(plugin, []byte(`#!/bin/sh
+	setKubeconfig(t, k, ns, "", execUser(dir, `#!/bin/sh
 n=$(( ( $(date +%s%3N) - START ) / LIFE ))
 cat "$DIR/cred$n"
 echo "$n" >> "$DIR/runs"
-`), 0o755)
-	kc := filepath.Join(dir, "kubeconfig")
-	os.WriteFile(kc, []byte(fmt.Sprintf(`
-current-context: x
-clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
-users:
-- name: u
-  user:
-    exec:
-      apiVersion: client.authentication.k8s.io/v1
-      command: %s
-      env: [{name: DIR, value: %q}, {name: START, value: "%d"}, {name: LIFE, value: "%d"}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
-`, k.URL, k.CAFile, plugin, dir, start.UnixMilli(), (life-early).Milliseconds(), ns)), 0o600)
-	t.Setenv("KUBECONFIG", kc)
+`, "DIR", dir, "START", fmt.Sprint(start.UnixMilli()), "LIFE", fmt.Sprint((life-early).Milliseconds())))
 	c := locktest.Open(t, "k8s://", lock.Options{TTL: 3 * time.Second, Grace: 500 * time.Millisecond})
 	h, err := c.Acquire(locktest.Context(t), "job")
 	if err != nil {
@@ -686,22 +692,9 @@ func TestProxyURL(t *testing.T) {
 		conn.Close()
 	}))
 	t.Cleanup(proxy.Close)
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
-	os.WriteFile(kc, []byte(fmt.Sprintf(`
-current-context: x
-clusters: [{name: c, cluster: {server: %q, certificate-authority: %q, proxy-url: %q}}]
-users: [{name: u, user: {token: %q}}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
-`, k.URL, k.CAFile, proxy.URL, k.UserToken("leaser"), ns)), 0o600)
-	t.Setenv("KUBECONFIG", kc)
+	setKubeconfig(t, k, ns, fmt.Sprintf(", proxy-url: %q", proxy.URL), fmt.Sprintf("    token: %q", k.UserToken("leaser")))
 	t.Setenv("HTTPS_PROXY", "")
-	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
-	if err != nil {
-		t.Fatalf("TryAcquire through proxy-url: %v", err)
-	}
-	if err := l.Release(locktest.Context(t)); err != nil {
-		t.Fatal(err)
-	}
+	takeOnce(t, "through proxy-url")
 	if tunnels.Load() == 0 {
 		t.Error("the proxy saw no CONNECT: proxy-url was not used")
 	}
@@ -732,22 +725,8 @@ func TestInClusterTokenRotated(t *testing.T) {
 		}
 		return tr.Status.Token
 	}
-	sa := t.TempDir()
-	ca, err := os.ReadFile(k.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	first := token("first")
-	os.WriteFile(filepath.Join(sa, "ca.crt"), ca, 0o600)
-	os.WriteFile(filepath.Join(sa, "token"), []byte(first), 0o600)
-	os.WriteFile(filepath.Join(sa, "namespace"), []byte(ns), 0o600)
-	old := k8s.ServiceAccountDir
-	k8s.ServiceAccountDir = sa
-	t.Cleanup(func() { k8s.ServiceAccountDir = old })
-	host, port, _ := strings.Cut(strings.TrimPrefix(k.URL, "https://"), ":")
-	t.Setenv("KUBECONFIG", "")
-	t.Setenv("KUBERNETES_SERVICE_HOST", host)
-	t.Setenv("KUBERNETES_SERVICE_PORT", port)
+	sa := inPod(t, k, ns, first)
 
 	const ttl = 3 * time.Second
 	h, err := locktest.Open(t, "k8s://", lock.Options{TTL: ttl, Grace: 500 * time.Millisecond}).Acquire(locktest.Context(t), "dbmigration")
@@ -788,27 +767,9 @@ func TestInClusterTokenRotated(t *testing.T) {
 func TestStaticCredentialsWin(t *testing.T) {
 	k, ns, _ := space(t)
 	dir := t.TempDir()
-	plugin := filepath.Join(dir, "plugin.sh")
-	os.WriteFile(plugin, []byte("#!/bin/sh\necho ran > \"$(dirname \"$0\")/ran\"\necho 'plugin must not run' >&2\nexit 1\n"), 0o755)
-	kc := filepath.Join(dir, "kubeconfig")
-	os.WriteFile(kc, []byte(fmt.Sprintf(`
-current-context: x
-clusters: [{name: c, cluster: {server: %q, certificate-authority: %q}}]
-users:
-- name: u
-  user:
-    token: %q
-    exec: {apiVersion: client.authentication.k8s.io/v1, command: %s}
-contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
-`, k.URL, k.CAFile, k.UserToken("leaser"), plugin, ns)), 0o600)
-	t.Setenv("KUBECONFIG", kc)
-	l, err := locktest.Open(t, "k8s://", lock.Options{}).TryAcquire(locktest.Context(t), "job")
-	if err != nil {
-		t.Fatalf("TryAcquire with a token and an exec plugin: %v; want the token used", err)
-	}
-	if err := l.Release(locktest.Context(t)); err != nil {
-		t.Fatal(err)
-	}
+	setKubeconfig(t, k, ns, "", fmt.Sprintf("    token: %q\n", k.UserToken("leaser"))+
+		execUser(dir, "#!/bin/sh\necho ran > \"$(dirname \"$0\")/ran\"\necho 'plugin must not run' >&2\nexit 1\n"))
+	takeOnce(t, "with a token and an exec plugin (want the token used)")
 	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
 		t.Error("the exec plugin ran though the kubeconfig gives a token")
 	}

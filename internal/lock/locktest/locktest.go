@@ -22,28 +22,77 @@ import (
 // tighter.
 const long = 30 * time.Second
 
-// Options describes the backend under test.
-type Options struct {
-	// Session says that a lock lives as long as the session of the Backend
-	// that took it (PostgreSQL, MySQL, file), so closing that Backend frees
-	// the lock. A lease backend's lock outlives Close until its lease runs
-	// out; the subtest about Close is skipped for it.
-	Session bool
-}
-
 // OpenFunc returns a new Client with opts on the lock space under test, not
 // connected to any other: two calls are two independent clients, as two
 // withlock processes would be. It closes the Client through t.Cleanup
 // (Open does both).
 type OpenFunc func(t *testing.T, opts lock.Options) *lock.Client
 
-// Run runs the suite.
-func Run(t *testing.T, open OpenFunc, opts Options) {
+// Config describes the backend under test: how to reach it, and what it
+// has. Its zero values mean a session backend whose modes and operator
+// commands are all there.
+type Config struct {
+	// Open opens the clients of the suite.
+	Open OpenFunc
+	// Lease says that the backend holds leases (a fencing token, an end by
+	// the server's clock) and how to check them; nil says that a lock
+	// lives as long as the session of the Backend that took it
+	// (PostgreSQL, MySQL, file), so closing that Backend frees the lock.
+	Lease *Lease
+	// Modes says which of the modes' cases apply.
+	Modes Modes
+	// Operators says what the backend records of a holder.
+	Operators Operators
+	// CoreOnly runs only the cases of taking, waiting for and releasing an
+	// exclusive lock: for a second way to the same backend (through TLS, a
+	// pooler, one node of a cluster) whose modes, leases and operator
+	// commands the backend's main run covers.
+	CoreOnly bool
+}
+
+// Lease is what a lease backend's cases need.
+type Lease struct {
+	// Break deletes name's lease directly on the server, behind its
+	// holder's back, as an operator would.
+	Break func(t *testing.T, name string)
+	// NoHeldFor says that TryAcquire's ErrHeld does not say how long the
+	// holder's lease has left (lock.HeldFor): the backend is a lock.Waiter,
+	// whose waits never read it, and reading it would cost a request to
+	// the server on every attempt that finds the lock held (etcd). The
+	// lease must still expire by the server's clock.
+	NoHeldFor bool
+	// WholeSeconds says that the lease's length is the ttl rounded up to
+	// whole seconds (a Kubernetes Lease's leaseDurationSeconds), so the
+	// time left that lock.HeldFor reports may exceed the ttl by that much.
+	WholeSeconds bool
+	// Margin is how much longer than that a lease may be judged alive:
+	// the margin of a backend whose server records a renewal's time only
+	// to the second (a Kubernetes Lease runs out a second after
+	// leaseDurationSeconds by the API server's record).
+	Margin time.Duration
+}
+
+// Run runs the suite: the core cases, then those of a lease backend, of
+// the operator commands and of the modes, as cfg says.
+func Run(t *testing.T, cfg Config) {
+	runCore(t, cfg.Open, cfg.Lease == nil)
+	if cfg.CoreOnly {
+		return
+	}
+	if cfg.Lease != nil {
+		runLease(t, cfg.Open, *cfg.Lease)
+	}
+	runOperators(t, cfg.Open, cfg.Operators, cfg.Lease != nil)
+	runModes(t, cfg.Open, cfg.Modes, cfg.Lease != nil)
+}
+
+// runCore runs the cases every backend passes, on every way to it.
+func runCore(t *testing.T, open OpenFunc, session bool) {
 	t.Run("TryAcquireFree", func(t *testing.T) { testTryAcquireFree(t, open) })
 	t.Run("HeldExcludes", func(t *testing.T) { testHeldExcludes(t, open) })
 	t.Run("NamesDiffer", func(t *testing.T) { testNamesDiffer(t, open) })
 	t.Run("CloseFrees", func(t *testing.T) {
-		if !opts.Session {
+		if !session {
 			t.Skip("a lease backend's lock ends with its lease (TTL), not when the holder closes its Backend")
 		}
 		testCloseFrees(t, open)
@@ -425,8 +474,13 @@ func testAcquireTimeout(t *testing.T, open OpenFunc) {
 }
 
 // BenchRoundTrip measures one TryAcquire and Release through an open
-// Backend, the hot path of every backend.
-func BenchRoundTrip(b *testing.B, bk lock.Backend) {
+// client of url, the hot path of every backend.
+func BenchRoundTrip(b *testing.B, url string) {
+	bk, err := lock.Open(url, lock.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bk.Close()
 	ctx := context.Background()
 	for b.Loop() {
 		l, err := bk.TryAcquire(ctx, "locktest-bench")
@@ -439,37 +493,10 @@ func BenchRoundTrip(b *testing.B, bk lock.Backend) {
 	}
 }
 
-// RunLease runs what every lease backend must do besides Run: fencing
+// runLease runs what every lease backend must do besides the core: fencing
 // tokens that grow, a lease deleted behind its holder's back, and expiry by
-// the server's clock. breakLease deletes name's lease directly on the
-// server.
-func RunLease(t *testing.T, open OpenFunc, breakLease func(t *testing.T, name string)) {
-	RunLeaseWith(t, open, breakLease, LeaseOptions{})
-}
-
-// LeaseOptions says what of RunLease does not apply to the backend under
-// test.
-type LeaseOptions struct {
-	// NoHeldFor says that TryAcquire's ErrHeld does not say how long the
-	// holder's lease has left (lock.HeldFor): the backend is a lock.Waiter,
-	// whose waits never read it, and reading it would cost a request to
-	// the server on every attempt that finds the lock held (etcd). The
-	// lease must still expire by the server's clock.
-	NoHeldFor bool
-	// WholeSeconds says that the lease's length is the ttl rounded up to
-	// whole seconds (a Kubernetes Lease's leaseDurationSeconds), so the
-	// time left that lock.HeldFor reports may exceed the ttl by that much.
-	WholeSeconds bool
-	// Margin is how much longer than that a lease may be judged alive:
-	// the margin of a backend whose server records a renewal's time only
-	// to the second (a Kubernetes Lease runs out a second after
-	// leaseDurationSeconds by the API server's record).
-	Margin time.Duration
-}
-
-// RunLeaseWith is RunLease for a backend that says, with o, which of its
-// checks do not apply.
-func RunLeaseWith(t *testing.T, open OpenFunc, breakLease func(t *testing.T, name string), o LeaseOptions) {
+// the server's clock.
+func runLease(t *testing.T, open OpenFunc, o Lease) {
 	withTTL := func(t *testing.T, ttl time.Duration) lock.Backend {
 		return open(t, lock.Options{TTL: ttl})
 	}
@@ -492,7 +519,7 @@ func RunLeaseWith(t *testing.T, open OpenFunc, breakLease func(t *testing.T, nam
 	t.Run("Broken", func(t *testing.T) {
 		a, b, name := withTTL(t, 10*time.Second), withTTL(t, 10*time.Second), Name(t)
 		la := mustTry(t, a, name)
-		breakLease(t, name)
+		o.Break(t, name)
 		if err := la.Keep(Context(t)); !errors.Is(err, lock.ErrLost) {
 			t.Fatalf("Keep of a deleted lease: %v; want ErrLost", err)
 		}

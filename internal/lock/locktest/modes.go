@@ -9,8 +9,8 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
-// ModeOptions says which modes the backend under test has.
-type ModeOptions struct {
+// Modes says which of the modes' cases apply to the backend under test.
+type Modes struct {
 	// NoShared says the backend has no Shared mode (MySQL's GET_LOCK), so
 	// the shared cases do not apply; the backend's own tests check that
 	// its Opener refuses the mode with ErrUsage.
@@ -19,13 +19,13 @@ type ModeOptions struct {
 	// with another N is refused with ErrUsage naming the recorded N, and
 	// Inspect reports MaxHolders.
 	RecordsN bool
-	// Lease says the backend holds leases (fencing tokens, expiry).
-	Lease bool
 }
 
-// RunModes runs what docs/behaviour.md (Modes) asks of every backend: shared locks that
-// exclude and are excluded by exclusive ones, and semaphores of N holders.
-func RunModes(t *testing.T, open OpenFunc, o ModeOptions) {
+// runModes runs what docs/behaviour.md (Modes) asks of every backend:
+// shared locks that exclude and are excluded by exclusive ones, and
+// semaphores of N holders. leases says the backend's fencing tokens must
+// grow.
+func runModes(t *testing.T, open OpenFunc, o Modes, leases bool) {
 	shared := lock.Options{Mode: lock.Shared}
 	sem := func(n int) lock.Options { return lock.Options{Mode: lock.Semaphore, MaxHolders: n} }
 	token := func(l lock.Lease) int64 {
@@ -41,7 +41,7 @@ func RunModes(t *testing.T, open OpenFunc, o ModeOptions) {
 			la := mustTry(t, a, name)
 			lb := mustTry(t, b, name)
 			mustBeHeld(t, x, name)
-			if o.Lease && token(lb) <= token(la) {
+			if leases && token(lb) <= token(la) {
 				t.Errorf("second shared holder's token %d, first's %d; want it to grow", token(lb), token(la))
 			}
 			st, err := x.Inspect(Context(t), name)
@@ -100,7 +100,7 @@ func RunModes(t *testing.T, open OpenFunc, o ModeOptions) {
 		}
 		mustRelease(t, la)
 		lc := mustTry(t, c, name)
-		if o.Lease && token(lc) <= token(lb) {
+		if leases && token(lc) <= token(lb) {
 			t.Errorf("token %d after %d; want it to grow", token(lc), token(lb))
 		}
 		mustRelease(t, lb)

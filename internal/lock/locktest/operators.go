@@ -11,13 +11,11 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
-// OperatorOptions says what the backend under test can record.
-type OperatorOptions struct {
+// Operators says what the backend under test records of a holder, and how
+// a broken holder learns that it lost the lock.
+type Operators struct {
 	// NoCommand says the backend cannot record the holder's command.
 	NoCommand bool
-	// Lease says the backend holds a lease with an end (ExpiresAt) and a
-	// fencing token.
-	Lease bool
 	// OwnProcess says the backend records the process that holds the lock
 	// (its host name and pid), not Options.Holder's, because Break finds
 	// and signals that very process (file): the holders are then expected
@@ -29,10 +27,11 @@ type OperatorOptions struct {
 	Lost func(t *testing.T, l lock.Lease) error
 }
 
-// RunOperators runs what withlock status and release --force need from
+// runOperators runs what withlock status and release --force need from
 // every backend (lock.Inspector and lock.Breaker): holder records, the list
-// of held locks, and breaking a lock so that its holder finds it lost.
-func RunOperators(t *testing.T, open OpenFunc, o OperatorOptions) {
+// of held locks, and breaking a lock so that its holder finds it lost. A
+// lease backend's holders also show the lease's end and token.
+func runOperators(t *testing.T, open OpenFunc, o Operators, leases bool) {
 	holder := func(n int) lock.Holder {
 		h := lock.Holder{Host: "host-" + string(rune('a'+n)), PID: 1000 + n, Command: []string{"sh", "-c", "echo it's \"quoted\"; exit 0"}}
 		if o.OwnProcess {
@@ -62,10 +61,10 @@ func RunOperators(t *testing.T, open OpenFunc, o OperatorOptions) {
 		if d := time.Since(got.AcquiredAt); got.AcquiredAt.IsZero() || d < -time.Minute || d > time.Minute {
 			t.Errorf("holder acquired at %v; want about now", got.AcquiredAt)
 		}
-		if o.Lease && !got.ExpiresAt.After(got.AcquiredAt) {
+		if leases && !got.ExpiresAt.After(got.AcquiredAt) {
 			t.Errorf("lease expires at %v, acquired at %v; want an end after the start", got.ExpiresAt, got.AcquiredAt)
 		}
-		if o.Lease && got.Token != token {
+		if leases && got.Token != token {
 			t.Errorf("holder's token %d; want the lease's, %d", got.Token, token)
 		}
 	}
@@ -151,7 +150,7 @@ func RunOperators(t *testing.T, open OpenFunc, o OperatorOptions) {
 			t.Errorf("a broken lock still has holders: %+v", st.Holders)
 		}
 		l2 := mustTry(t, c, name)
-		if o.Lease && token(l2) <= before {
+		if leases && token(l2) <= before {
 			t.Errorf("token after a break %d; want more than the broken holder's %d", token(l2), before)
 		}
 		// The broken holder's late release does not touch the new holder.

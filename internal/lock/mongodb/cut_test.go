@@ -13,21 +13,22 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
 	"github.com/withlock/withlock/internal/lock/mongodb"
+	"github.com/withlock/withlock/internal/stress/faultproxy"
 	"github.com/withlock/withlock/internal/testenv"
 )
 
 // cutAt returns a rule that cuts the connection at the nth message carrying
 // cmd (every one of them if nth is 0), as c says.
-func cutAt(cmd string, nth int, c cut) func(message) action {
+func cutAt(cmd string, nth int, c faultproxy.Cut) func(faultproxy.Message) faultproxy.Action {
 	var seen atomic.Int64
-	return func(m message) action {
-		if m.cmd != cmd {
-			return action{}
+	return func(m faultproxy.Message) faultproxy.Action {
+		if m.Kind != cmd {
+			return faultproxy.Action{}
 		}
 		if n := seen.Add(1); nth == 0 || n == int64(nth) {
-			return action{cut: c}
+			return faultproxy.Action{Cut: c}
 		}
-		return action{}
+		return faultproxy.Action{}
 	}
 }
 
@@ -75,7 +76,7 @@ func TestCutConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ttl = 30 * time.Second // no lease may run out during a subtest
-	cuts := []cut{resetBefore, closeBefore, resetAfter, closeAfter}
+	cuts := []faultproxy.Cut{faultproxy.ResetBefore, faultproxy.CloseBefore, faultproxy.ResetAfter, faultproxy.CloseAfter}
 	// The steps, as the proxy sees them (PLAIN authentication, which
 	// FerretDB accepts with any password, adds saslStart).
 	type step struct {
@@ -86,6 +87,29 @@ func TestCutConnection(t *testing.T) {
 	keepSteps := []step{{"hello", 1}, {"insert", 1}, {"find", 1}}
 	release := []step{{"insert", 1}}
 
+	// cut has p cut the connection at s, as c says, while f runs, which
+	// must find the server unavailable.
+	cut := func(t *testing.T, p *faultproxy.Proxy, s step, c faultproxy.Cut, what string, f func() error) {
+		t.Helper()
+		p.SetRule(cutAt(s.cmd, s.nth, c))
+		mustBeUnavailable(t, what, f())
+		p.SetRule(nil)
+	}
+	// held takes a new name through a client behind a new proxy, and opens
+	// another client straight to the server.
+	held := func(t *testing.T) (p *faultproxy.Proxy, l lock.Lease, other *lock.Client, name string) {
+		t.Helper()
+		p = startProxy(t, u.Host)
+		b := locktest.Open(t, "mongodb://"+p.Addr()+"/", lock.Options{TTL: ttl, ConnectTimeout: time.Second})
+		other = locktest.Open(t, m.URL, lock.Options{})
+		name = locktest.Name(t)
+		l, err := b.TryAcquire(locktest.Context(t), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, l, other, name
+	}
+
 	for _, s := range acquire {
 		for _, c := range cuts {
 			t.Run(fmt.Sprintf("TryAcquire/%s#%d/%v", s.cmd, s.nth, c), func(t *testing.T) {
@@ -93,10 +117,10 @@ func TestCutConnection(t *testing.T) {
 				p := startProxy(t, u.Host)
 				b := locktest.Open(t, "mongodb://u:pw@"+p.Addr()+"/?authMechanism=PLAIN", lock.Options{TTL: ttl, ConnectTimeout: time.Second})
 				name := locktest.Name(t)
-				p.setRule(cutAt(s.cmd, s.nth, c))
-				_, err := b.TryAcquire(locktest.Context(t), name)
-				mustBeUnavailable(t, "TryAcquire", err)
-				p.setRule(nil)
+				cut(t, p, s, c, "TryAcquire", func() error {
+					_, err := b.TryAcquire(locktest.Context(t), name)
+					return err
+				})
 				eventually(t, "TryAcquire", func() error {
 					l, err := b.TryAcquire(locktest.Context(t), name)
 					if err == nil {
@@ -111,17 +135,8 @@ func TestCutConnection(t *testing.T) {
 		for _, c := range cuts {
 			t.Run(fmt.Sprintf("Keep/%s#%d/%v", s.cmd, s.nth, c), func(t *testing.T) {
 				t.Parallel()
-				p := startProxy(t, u.Host)
-				b := locktest.Open(t, "mongodb://"+p.Addr()+"/", lock.Options{TTL: ttl, ConnectTimeout: time.Second})
-				other := locktest.Open(t, m.URL, lock.Options{})
-				name := locktest.Name(t)
-				l, err := b.TryAcquire(locktest.Context(t), name)
-				if err != nil {
-					t.Fatal(err)
-				}
-				p.setRule(cutAt(s.cmd, s.nth, c))
-				mustBeUnavailable(t, "Keep", l.Keep(locktest.Context(t)))
-				p.setRule(nil)
+				p, l, other, name := held(t)
+				cut(t, p, s, c, "Keep", func() error { return l.Keep(locktest.Context(t)) })
 				eventually(t, "Keep", func() error { return l.Keep(locktest.Context(t)) })
 				if _, err := other.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
 					t.Fatalf("another client's TryAcquire: %v; want ErrHeld", err)
@@ -134,18 +149,9 @@ func TestCutConnection(t *testing.T) {
 		for _, c := range cuts {
 			t.Run(fmt.Sprintf("Release/%s#%d/%v", s.cmd, s.nth, c), func(t *testing.T) {
 				t.Parallel()
-				p := startProxy(t, u.Host)
-				b := locktest.Open(t, "mongodb://"+p.Addr()+"/", lock.Options{TTL: ttl, ConnectTimeout: time.Second})
-				other := locktest.Open(t, m.URL, lock.Options{})
-				name := locktest.Name(t)
-				l, err := b.TryAcquire(locktest.Context(t), name)
-				if err != nil {
-					t.Fatal(err)
-				}
-				p.setRule(cutAt(s.cmd, s.nth, c))
-				mustBeUnavailable(t, "Release", l.Release(locktest.Context(t)))
-				p.setRule(nil)
-				landed := s.cmd == "insert" && (c == resetAfter || c == closeAfter)
+				p, l, other, name := held(t)
+				cut(t, p, s, c, "Release", func() error { return l.Release(locktest.Context(t)) })
+				landed := s.cmd == "insert" && (c == faultproxy.ResetAfter || c == faultproxy.CloseAfter)
 				eventually(t, "Release", func() error {
 					err := l.Release(locktest.Context(t))
 					if landed && err != nil && strings.Contains(err.Error(), "no longer ours") {
@@ -193,12 +199,12 @@ func TestStaleInsert(t *testing.T) {
 	holdInsert := func(t *testing.T) (arrived chan struct{}, release func()) {
 		arrived, held := make(chan struct{}), make(chan struct{})
 		var once atomic.Bool
-		p.setRule(func(m message) action {
-			if m.cmd == "insert" && once.CompareAndSwap(false, true) {
+		p.SetRule(func(m faultproxy.Message) faultproxy.Action {
+			if m.Kind == "insert" && once.CompareAndSwap(false, true) {
 				close(arrived)
-				return action{wait: held}
+				return faultproxy.Action{Wait: held}
 			}
-			return action{}
+			return faultproxy.Action{}
 		})
 		release = sync.OnceFunc(func() { close(held) })
 		t.Cleanup(release)

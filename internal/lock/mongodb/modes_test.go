@@ -13,6 +13,7 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
 	"github.com/withlock/withlock/internal/lock/mongodb"
+	"github.com/withlock/withlock/internal/stress/faultproxy"
 	"github.com/withlock/withlock/internal/testenv"
 )
 
@@ -201,7 +202,7 @@ func TestSharedHolders(t *testing.T) {
 			helds[i] = h
 		})
 	}
-	waitFor(t, "every shared waiter waiting", func() bool {
+	testenv.WaitFor(t, "every shared waiter waiting", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return waiting == n
@@ -250,13 +251,13 @@ func TestPollCost(t *testing.T) {
 	p := startProxy(t, u.Host)
 	var (
 		mu   sync.Mutex
-		msgs []message
+		msgs []faultproxy.Message
 	)
-	p.setRule(func(msg message) action {
+	p.SetRule(func(msg faultproxy.Message) faultproxy.Action {
 		mu.Lock()
 		msgs = append(msgs, msg)
 		mu.Unlock()
-		return action{}
+		return faultproxy.Action{}
 	})
 	// ops counts the commands f sent, by name, on the connections that
 	// carry the backend's work (not the driver's monitor, whose hellos
@@ -271,14 +272,14 @@ func TestPollCost(t *testing.T) {
 		defer mu.Unlock()
 		work := map[int64]bool{}
 		for _, msg := range msgs {
-			if msg.cmd == "find" || msg.cmd == "insert" {
-				work[msg.conn] = true
+			if msg.Kind == "find" || msg.Kind == "insert" {
+				work[msg.Conn] = true
 			}
 		}
 		n := map[string]int{}
 		for _, msg := range msgs[from:] {
-			if work[msg.conn] && msg.index > 1 {
-				n[msg.cmd]++
+			if work[msg.Conn] && msg.Index > 1 {
+				n[msg.Kind]++
 			}
 		}
 		return n
@@ -365,18 +366,6 @@ func (h logHandler) Handle(_ context.Context, r slog.Record) error {
 
 func (h logHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h logHandler) WithGroup(string) slog.Handler      { return h }
-
-// waitFor waits up to 30s for cond, checking every 10ms.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 30s for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // mustTake takes name through c at once.
 func mustTake(t *testing.T, c *lock.Client, name string) lock.Lease {

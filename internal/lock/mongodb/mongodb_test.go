@@ -72,18 +72,17 @@ func chain(t *testing.T, c *mongo.Collection, name string) []doc {
 
 func TestConformance(t *testing.T) {
 	m := testenv.RequireMongo(t)
-	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, m.URL, opts) }
-	locktest.Run(t, open, locktest.Options{})
-	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
-	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
-	locktest.RunLease(t, open,
-		func(t *testing.T, name string) {
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, m.URL, opts) },
+		Lease: &locktest.Lease{Break: func(t *testing.T, name string) {
 			// As an operator who deletes the lock's documents would.
 			res, err := locks(t, m.URL).DeleteMany(locktest.Context(t), bson.D{{Key: "name", Value: name}})
 			if err != nil || res.DeletedCount == 0 {
 				t.Fatalf("deleting the documents of %q: %d, %v", name, res.DeletedCount, err)
 			}
-		})
+		}},
+		Modes: locktest.Modes{RecordsN: true},
+	})
 }
 
 // The chain has the documented shape: _ids NAME#0 then NAME#seq, one
@@ -350,10 +349,5 @@ func mustRelease(t *testing.T, l lock.Lease) {
 // BenchmarkRoundTrip is one acquire and release on an open connection.
 func BenchmarkRoundTrip(b *testing.B) {
 	m := testenv.RequireMongo(b)
-	bk, err := lock.Open(m.URL, lock.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer bk.Close()
-	locktest.BenchRoundTrip(b, bk)
+	locktest.BenchRoundTrip(b, m.URL)
 }

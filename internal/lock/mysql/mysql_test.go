@@ -37,30 +37,25 @@ func opener(db string) locktest.OpenFunc {
 	return func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, db, opts) }
 }
 
+// TestConformance: the shared suite. For status and release --force, a
+// broken holder learns of it from its Watch, at once: the server closes the
+// killed session. GET_LOCK has no shared mode.
 func TestConformance(t *testing.T) {
 	m := testenv.RequireMariaDB(t)
-	locktest.Run(t, opener(m.URL), locktest.Options{Session: true})
-}
-
-// TestOperators: status and release --force. A broken holder learns of it
-// from its Watch, at once: the server closes the killed session.
-func TestOperators(t *testing.T) {
-	m := testenv.RequireMariaDB(t)
-	locktest.RunOperators(t, opener(m.URL), locktest.OperatorOptions{
-		Lost: func(t *testing.T, l lock.Lease) error {
-			ctx, cancel := context.WithTimeout(locktest.Context(t), 10*time.Second)
-			defer cancel()
-			start := time.Now()
-			err := l.(lock.Watcher).Watch(ctx)
-			t.Logf("Watch returned after %v: %v", time.Since(start), err)
-			return err
+	locktest.Run(t, locktest.Config{
+		Open: opener(m.URL),
+		Operators: locktest.Operators{
+			Lost: func(t *testing.T, l lock.Lease) error {
+				ctx, cancel := context.WithTimeout(locktest.Context(t), 10*time.Second)
+				defer cancel()
+				start := time.Now()
+				err := l.(lock.Watcher).Watch(ctx)
+				t.Logf("Watch returned after %v: %v", time.Since(start), err)
+				return err
+			},
 		},
+		Modes: locktest.Modes{NoShared: true},
 	})
-}
-
-func TestModes(t *testing.T) {
-	m := testenv.RequireMariaDB(t)
-	locktest.RunModes(t, opener(m.URL), locktest.ModeOptions{NoShared: true})
 }
 
 // TestKeys: the keys of docs/mysql.md (How the lock is held). The values were computed with
@@ -228,20 +223,13 @@ func TestCancelledWaitLeavesNothing(t *testing.T) {
 				holds = append(holds, l)
 			}
 			b := locktest.Open(t, m.URL, opts)
-			waiting := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
 			ctx, cancel := context.WithCancel(locktest.Context(t))
 			done := make(chan error, 1)
 			go func() {
 				_, _, err := b.Backend.(lock.Waiter).Acquire(ctx, "job")
 				done <- err
 			}()
-			deadline := time.Now().Add(30 * time.Second)
-			for query(t, m.URL, waiting) != "1" {
-				if time.Now().After(deadline) {
-					t.Fatal("the waiter never waited in GET_LOCK")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			waitWaiting(t, m.URL)
 			cancel()
 			if err := <-done; !errors.Is(err, context.Canceled) {
 				t.Errorf("cancelled wait: %v; want context.Canceled", err)
@@ -265,7 +253,6 @@ func TestCancelAsGranted(t *testing.T) {
 	a := locktest.Open(t, m.URL, lock.Options{})
 	b := locktest.Open(t, m.URL, lock.Options{})
 	c := locktest.Open(t, m.URL, lock.Options{})
-	waiting := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
 	granted, cancelled := 0, 0
 	for i := range 20 {
 		la, err := a.TryAcquire(locktest.Context(t), "job")
@@ -278,9 +265,7 @@ func TestCancelAsGranted(t *testing.T) {
 			l, _, err := b.Backend.(lock.Waiter).Acquire(ctx, "job")
 			done <- result{l, err}
 		}()
-		for query(t, m.URL, waiting) != "1" {
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitWaiting(t, m.URL)
 		go la.Release(locktest.Context(t))
 		cancel()
 		r := <-done
@@ -444,7 +429,7 @@ func hold(t *testing.T, dbURL, key string) {
 // TLS; and tls=true refuses that certificate at once.
 func TestTLS(t *testing.T) {
 	m := testenv.RequireMariaDB(t, testenv.MariaDBOptions{TLS: true})
-	locktest.Run(t, opener(m.URL+"?tls=skip-verify"), locktest.Options{Session: true})
+	locktest.Run(t, locktest.Config{Open: opener(m.URL + "?tls=skip-verify"), CoreOnly: true})
 	var cipher string
 	c := locktest.Open(t, m.URL+"?tls=skip-verify", lock.Options{})
 	l, err := c.TryAcquire(locktest.Context(t), "job")
@@ -499,14 +484,7 @@ func TestSemaphoreWaitsInServer(t *testing.T) {
 		h, err := c.Acquire(ctx, "job")
 		got <- heldResult{h, err}
 	}()
-	waiting := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
-	deadline := time.Now().Add(30 * time.Second)
-	for query(t, m.URL, waiting) != "1" {
-		if time.Now().After(deadline) {
-			t.Fatal("the semaphore's waiter never waited in GET_LOCK")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitWaiting(t, m.URL)
 	// Statements run by anyone in 3s: the waiter's attempts (one a second,
 	// or four at most), and maybe a check by each holder (every ttl/3, 5s).
 	// Polling every 100ms would be thirty.
@@ -548,12 +526,7 @@ func BenchmarkKey(b *testing.B) {
 // BenchmarkRoundTrip is one acquire and release on an open connection.
 func BenchmarkRoundTrip(b *testing.B) {
 	m := testenv.RequireMariaDB(b)
-	bk, err := lock.Open(m.URL, lock.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer bk.Close()
-	locktest.BenchRoundTrip(b, bk)
+	locktest.BenchRoundTrip(b, m.URL)
 }
 
 // TestOneDial: one attempt is one connection; withlock's wait loop, not the

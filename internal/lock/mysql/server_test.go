@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
@@ -61,17 +60,17 @@ func detect(t *testing.T, dbURL string) mysql.Server {
 // closes its session, which the server then ends, and its locks with it.
 func waitFree(t *testing.T, dbURL, name string) {
 	t.Helper()
-	waitFor(t, dbURL, fmt.Sprintf("SELECT IS_FREE_LOCK('%s')", mysql.Key(name)))
+	sql := fmt.Sprintf("SELECT IS_FREE_LOCK('%s')", mysql.Key(name))
+	testenv.WaitFor(t, sql+" to answer 1", func() bool { return query(t, dbURL, sql) == "1" })
 }
 
-// waitFor polls sql until it answers "1", for at most 30s.
-func waitFor(t *testing.T, dbURL, sql string) {
+// waiting counts the sessions that wait in GET_LOCK.
+const waiting = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
+
+// waitWaiting waits until one session of the server waits in GET_LOCK.
+func waitWaiting(t *testing.T, dbURL string) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); query(t, dbURL, sql) != "1"; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer 1 within 30s", sql)
-		}
-	}
+	testenv.WaitFor(t, "one session waiting in GET_LOCK", func() bool { return query(t, dbURL, waiting) == "1" })
 }
 
 // TestReadOnlyAfterGrant: a waiter granted the lock after the server became
@@ -93,7 +92,7 @@ func TestReadOnlyAfterGrant(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitFor(t, m.URL, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'")
+	waitWaiting(t, m.URL)
 	query(t, m.URL, "SET GLOBAL read_only = ON")
 	if err := l.Release(locktest.Context(t)); err != nil {
 		t.Fatal(err)

@@ -46,16 +46,10 @@ func exec(t *testing.T, c *pgx.Conn, sql string, args ...any) {
 	}
 }
 
-// waitFor runs sql on dbURL until it answers t (up to 30s).
-func waitFor(t *testing.T, dbURL, sql string) {
+// waitTrue waits until sql on dbURL answers true.
+func waitTrue(t *testing.T, dbURL, sql string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for query(t, dbURL, sql) != "t" {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true within 30s", sql)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(t, sql+" to answer true", func() bool { return query(t, dbURL, sql) == "t" })
 }
 
 // TestRecordShown: the holder's record is the first value of its
@@ -257,7 +251,7 @@ func TestQueueFairness(t *testing.T) {
 	x := locktest.Open(t, db, lock.Options{Holder: lock.Holder{Host: "x", PID: 7001}})
 	gotX := wait(t, x, "job")
 	k1, k2 := postgres.Keys("job")
-	waitFor(t, db, fmt.Sprintf(`select exists(select 1 from pg_locks where locktype = 'advisory' and not granted
+	waitTrue(t, db, fmt.Sprintf(`select exists(select 1 from pg_locks where locktype = 'advisory' and not granted
 		and mode = 'ExclusiveLock' and classid::int8 = %d and objid::int8 = %d)`, uint32(k1), uint32(k2)))
 
 	if _, err := locktest.Open(t, db, shared).TryAcquire(locktest.Context(t), "job"); !errors.Is(err, lock.ErrHeld) {
@@ -345,7 +339,7 @@ func TestSemaphoreWakes(t *testing.T) {
 		k := postgres.SlotKey(name, 0)
 		sql := fmt.Sprintf(`select exists(select 1 from pg_locks where locktype = 'advisory' and objsubid = 1 and not granted
 			and classid::int8 = %d and objid::int8 >> 16 = %d)`, uint64(k)>>32, uint32(k)>>16)
-		waitFor(t, db, sql)
+		waitTrue(t, db, sql)
 		var i int
 		fmt.Sscan(query(t, db, fmt.Sprintf(`select objid::int8 & 65535 from pg_locks where locktype = 'advisory' and objsubid = 1 and not granted
 			and classid::int8 = %d and objid::int8 >> 16 = %d`, uint64(k)>>32, uint32(k)>>16)), &i)
@@ -355,15 +349,21 @@ func TestSemaphoreWakes(t *testing.T) {
 		t.Helper()
 		query(t, db, "select pg_terminate_backend("+pid+", 30000)")
 	}
-
-	t.Run("every holder's session ends", func(t *testing.T) {
-		name := locktest.Name(t)
-		la, _ := locktest.Open(t, db, sem(1)).TryAcquire(locktest.Context(t), name)
-		lb, _ := locktest.Open(t, db, sem(2)).TryAcquire(locktest.Context(t), name)
+	// full has two holders (pids 1 and 2) fill the semaphore name, and a
+	// third wait.
+	full := func(t *testing.T, name string) (la, lb lock.Lease, w <-chan result) {
+		t.Helper()
+		la, _ = locktest.Open(t, db, sem(1)).TryAcquire(locktest.Context(t), name)
+		lb, _ = locktest.Open(t, db, sem(2)).TryAcquire(locktest.Context(t), name)
 		if la == nil || lb == nil {
 			t.Fatal("the holders could not take their slots")
 		}
-		w := wait(t, locktest.Open(t, db, sem(3)), name)
+		return la, lb, wait(t, locktest.Open(t, db, sem(3)), name)
+	}
+
+	t.Run("every holder's session ends", func(t *testing.T) {
+		name := locktest.Name(t)
+		_, _, w := full(t, name)
 		detected(name)
 		// As if both holders' hosts died: no release, no NOTIFY, no check.
 		terminate(slotHolder(name, 0))
@@ -373,12 +373,7 @@ func TestSemaphoreWakes(t *testing.T) {
 
 	t.Run("another holder's session ends", func(t *testing.T) {
 		name := locktest.Name(t)
-		la, _ := locktest.Open(t, db, sem(1)).TryAcquire(locktest.Context(t), name)
-		lb, _ := locktest.Open(t, db, sem(2)).TryAcquire(locktest.Context(t), name)
-		if la == nil || lb == nil {
-			t.Fatal("the holders could not take their slots")
-		}
-		w := wait(t, locktest.Open(t, db, sem(3)), name)
+		la, lb, w := full(t, name)
 		watched := detected(name)
 		survivor := map[int]lock.Lease{0: la, 1: lb}[watched] // slots are taken in order: a has 0
 		waiterActivity := `select string_agg(query_start::text, ',' order by pid) from pg_stat_activity where application_name like 'withlock 3@%'`
@@ -400,12 +395,7 @@ func TestSemaphoreWakes(t *testing.T) {
 
 	t.Run("a holder releases", func(t *testing.T) {
 		name := locktest.Name(t)
-		la, _ := locktest.Open(t, db, sem(1)).TryAcquire(locktest.Context(t), name)
-		lb, _ := locktest.Open(t, db, sem(2)).TryAcquire(locktest.Context(t), name)
-		if la == nil || lb == nil {
-			t.Fatal("the holders could not take their slots")
-		}
-		w := wait(t, locktest.Open(t, db, sem(3)), name)
+		la, lb, w := full(t, name)
 		watched := detected(name)
 		// The holder whose slot the detector does not watch: only the NOTIFY
 		// of its release can wake the waiter.
@@ -424,7 +414,7 @@ func TestSemaphoreWakes(t *testing.T) {
 		}
 		w := wait(t, locktest.Open(t, db, sem(3)), name)
 		k1, k2 := postgres.Keys(name)
-		waitFor(t, db, fmt.Sprintf(`select exists(select 1 from pg_locks where locktype = 'advisory' and not granted
+		waitTrue(t, db, fmt.Sprintf(`select exists(select 1 from pg_locks where locktype = 'advisory' and not granted
 			and mode = 'ShareLock' and classid::int8 = %d and objid::int8 = %d)`, uint32(k1), uint32(k2)))
 		notYet(t, w)
 		lx.Release(locktest.Context(t))

@@ -60,9 +60,12 @@ func TestTransactionPooler(t *testing.T) {
 func TestSessionPooler(t *testing.T) {
 	p := testenv.RequirePostgres(t)
 	b := testenv.RequirePgBouncer(t, p.URL, "session", 4)
-	locktest.Run(t, func(t *testing.T, opts lock.Options) *lock.Client {
-		return locktest.Open(t, b.URL, opts)
-	}, locktest.Options{Session: true})
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client {
+			return locktest.Open(t, b.URL, opts)
+		},
+		CoreOnly: true,
+	})
 	t.Run("with direct clients", func(t *testing.T) {
 		pooled, direct := locktest.Open(t, b.URL, lock.Options{}), locktest.Open(t, p.URL, lock.Options{})
 		l, err := pooled.TryAcquire(locktest.Context(t), "job")

@@ -39,30 +39,17 @@ func query(t *testing.T, dbURL, sql string) string {
 	return strings.Join(rows, "|")
 }
 
+// TestConformance: the shared suite. Holder records are what the holder's
+// session shows; a broken holder's next Keep finds its session ended; a
+// semaphore's N is recorded (the mark of N, in pg_locks).
 func TestConformance(t *testing.T) {
 	db := database(t, testenv.RequirePostgres(t))
-	locktest.Run(t, func(t *testing.T, opts lock.Options) *lock.Client {
-		return locktest.Open(t, db, opts)
-	}, locktest.Options{Session: true})
-}
-
-// TestOperators: holder records (as the holder's session shows them),
-// status and release --force. A broken holder's next Keep finds its
-// session ended.
-func TestOperators(t *testing.T) {
-	db := database(t, testenv.RequirePostgres(t))
-	locktest.RunOperators(t, func(t *testing.T, opts lock.Options) *lock.Client {
-		return locktest.Open(t, db, opts)
-	}, locktest.OperatorOptions{})
-}
-
-// TestModes: shared locks and semaphores, with N recorded (the mark of N,
-// in pg_locks).
-func TestModes(t *testing.T) {
-	db := database(t, testenv.RequirePostgres(t))
-	locktest.RunModes(t, func(t *testing.T, opts lock.Options) *lock.Client {
-		return locktest.Open(t, db, opts)
-	}, locktest.ModeOptions{RecordsN: true})
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client {
+			return locktest.Open(t, db, opts)
+		},
+		Modes: locktest.Modes{RecordsN: true},
+	})
 }
 
 // TestKeys: the keys of docs/postgres.md, as the npm package advisory-lock derives
@@ -263,12 +250,7 @@ func BenchmarkKeys(b *testing.B) {
 // BenchmarkRoundTrip is one acquire and release on an open connection.
 func BenchmarkRoundTrip(b *testing.B) {
 	p := testenv.RequirePostgres(b)
-	bk, err := lock.Open(p.URL, lock.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer bk.Close()
-	locktest.BenchRoundTrip(b, bk)
+	locktest.BenchRoundTrip(b, p.URL)
 }
 
 // TestOneDial: one attempt is one connection; withlock's wait loop, not the

@@ -5,13 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,67 +17,52 @@ import (
 
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
+	"github.com/withlock/withlock/internal/stress/faultproxy"
 	"github.com/withlock/withlock/internal/testenv"
 )
 
-// cutter is a TCP proxy in front of a PostgreSQL server that cuts (closes
-// both ways) its first connections at one step of the start-up, the moment
-// the client begins that step, and passes everything else through. It
-// reads the client's side of the protocol to know the step; after TLS
-// starts it sees only the handshake's first bytes.
-type cutter struct {
-	target string
-	step   string       // see step
-	left   atomic.Int32 // connections still to cut
-	addr   string
-}
-
-func newCutter(t *testing.T, target, step string, times int32) *cutter {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// cutAt starts a fault proxy in front of a PostgreSQL server that cuts
+// (closes both ways) its first times connections at one step of the
+// start-up, the moment the client begins that step, and passes everything
+// else through. It reads the client's side of the protocol to know the
+// step (see splitSteps); after TLS starts it sees only the handshake's
+// first bytes. It returns the proxy's host:port.
+func cutAt(t *testing.T, target, step string, times int64) string {
+	p, err := faultproxy.Start(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
-	c := &cutter{target: target, step: step, addr: l.Addr().String()}
-	c.left.Store(times)
-	go func() {
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go c.serve(conn)
+	t.Cleanup(func() { p.Close() })
+	p.SetSplit(splitSteps)
+	p.SetRule(func(m faultproxy.Message) faultproxy.Action {
+		if m.Conn <= times && m.Kind == step {
+			return faultproxy.Action{Cut: faultproxy.CloseBefore}
 		}
-	}()
-	return c
+		return faultproxy.Action{}
+	})
+	return p.Addr()
 }
 
-func (c *cutter) serve(client net.Conn) {
-	defer client.Close()
-	server, err := net.Dial("tcp", c.target)
-	if err != nil {
-		return
-	}
-	defer server.Close()
-	go func() {
-		io.Copy(client, server)
-		client.Close()
-	}()
-	cut := c.left.Add(-1) >= 0
-	r := bufio.NewReader(client)
-	for started := false; ; {
+// splitSteps returns a Split of one connection's start-up: it names each
+// message by its step (see next), and once TLS has begun, passes on the
+// bytes as they come ("tls").
+func splitSteps() faultproxy.Split {
+	started, opaque := false, false
+	return func(r *bufio.Reader) (string, []byte, error) {
+		if opaque {
+			b := make([]byte, 32<<10)
+			n, err := r.Read(b)
+			return "tls", b[:n], err
+		}
 		step, msg, err := next(r, started)
-		if err != nil || cut && step == c.step {
-			return
-		}
-		if step == "tls-handshake" { // opaque from here on
-			io.Copy(server, r)
-			return
-		}
-		if _, err := server.Write(msg); err != nil {
-			return
+		if step == "tls-handshake" {
+			opaque = true
+			b := make([]byte, r.Buffered())
+			n, err := r.Read(b)
+			return step, b[:n], err
 		}
 		started = started || step == "startup"
+		return step, msg, err
 	}
 }
 
@@ -176,19 +159,19 @@ func TestStartupCut(t *testing.T) {
 		for _, step := range tc.steps {
 			t.Run(tlsName+"/"+tc.query+"/"+step, func(t *testing.T) {
 				target := "127.0.0.1:" + strconv.Itoa(tc.server.Port)
-				c := newCutter(t, target, step, 1<<30)
-				_, err := locktest.Open(t, via(tc.server.URL, c.addr, tc.query), lock.Options{}).TryAcquire(locktest.Context(t), "job")
+				addr := cutAt(t, target, step, 1<<30)
+				_, err := locktest.Open(t, via(tc.server.URL, addr, tc.query), lock.Options{}).TryAcquire(locktest.Context(t), "job")
 				if !errors.Is(err, lock.ErrUnavailable) || errors.Is(err, lock.ErrRefused) {
 					t.Fatalf("TryAcquire through a connection cut at %s: %v; want an error matching lock.ErrUnavailable only", step, err)
 				}
-				want := "cannot reach postgres at " + c.addr + " (connection closed)"
+				want := "cannot reach postgres at " + addr + " (connection closed)"
 				if err.Error() != want {
 					t.Errorf("TryAcquire: %q; want %q", err, want)
 				}
 				// Cut twice, then passed through: the wait goes on and takes it.
-				c = newCutter(t, target, step, 2)
+				addr = cutAt(t, target, step, 2)
 				opts := lock.Options{ConnectTimeout: 30 * time.Second}
-				h, err := locktest.Open(t, via(tc.server.URL, c.addr, tc.query), opts).Acquire(locktest.Context(t), "job")
+				h, err := locktest.Open(t, via(tc.server.URL, addr, tc.query), opts).Acquire(locktest.Context(t), "job")
 				if err != nil {
 					t.Fatalf("Acquire through two connections cut at %s, then a good one: %v", step, err)
 				}

@@ -1,12 +1,15 @@
 package redis_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
@@ -21,18 +24,16 @@ func TestClusterConformance(t *testing.T) {
 	c := testenv.RequireRedisCluster(t, testenv.RedisOptions{Password: "s3cret-pw"})
 	for _, u := range []struct{ name, url string }{{"AllNodes", c.URL}, {"OneNode", c.Nodes[1].URL}} {
 		t.Run(u.name, func(t *testing.T) {
-			open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, u.url, opts) }
-			locktest.Run(t, open, locktest.Options{})
-			if u.name == "OneNode" {
-				return
-			}
-			locktest.RunLease(t, open, func(t *testing.T, name string) {
-				if n := do(t, c.URL, "DEL", redis.Key(name)); n != "1" {
-					t.Fatalf("DEL %s: %q", redis.Key(name), n)
-				}
+			locktest.Run(t, locktest.Config{
+				Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, u.url, opts) },
+				Lease: &locktest.Lease{Break: func(t *testing.T, name string) {
+					if n := do(t, c.URL, "DEL", redis.Key(name)); n != "1" {
+						t.Fatalf("DEL %s: %q", redis.Key(name), n)
+					}
+				}},
+				Modes:    locktest.Modes{RecordsN: true},
+				CoreOnly: u.name == "OneNode",
 			})
-			locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
-			locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
 		})
 	}
 }
@@ -110,19 +111,24 @@ func TestClusterSlots(t *testing.T) {
 	}
 }
 
-// TestClusterFreshKeys: withlock's per-slot fresh keys are the ones testenv
-// marks a new cluster with, and each is in its slot as the server hashes it.
+// TestClusterFreshKeys: withlock's per-slot fresh keys (with which testenv
+// marks a new cluster) are each in its slot as the server hashes it, every
+// one of them.
 func TestClusterFreshKeys(t *testing.T) {
 	r := testenv.RequireRedis(t, testenv.RedisOptions{Cluster: true})
-	for slot := range redis.NumSlots {
-		if got, want := redis.FreshKeyFor(slot), testenv.RedisFreshKeyFor(slot); got != want {
-			t.Fatalf("slot %d: FreshKeyFor %q, testenv %q", slot, got, want)
+	c := client(t, r.URL)
+	slots := make([]*goredis.IntCmd, redis.NumSlots)
+	if _, err := c.Pipelined(locktest.Context(t), func(p goredis.Pipeliner) error {
+		for slot := range slots {
+			slots[slot] = p.ClusterKeySlot(locktest.Context(t), redis.FreshKeyFor(slot))
 		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
-	for _, slot := range []int{0, 1, 5460, 5461, 12182, 16383} {
-		key := redis.FreshKeyFor(slot)
-		if got := do(t, r.URL, "CLUSTER", "KEYSLOT", key); got != strconv.Itoa(slot) || redis.Slot(key) != slot {
-			t.Errorf("%s: the server's slot %s, Slot %d; want %d", key, got, redis.Slot(key), slot)
+	for slot, got := range slots {
+		if key := redis.FreshKeyFor(slot); got.Val() != int64(slot) || redis.Slot(key) != slot {
+			t.Fatalf("%s: the server's slot %d, Slot %d; want %d", key, got.Val(), redis.Slot(key), slot)
 		}
 	}
 	for _, key := range []string{"a{b}c", "{}x", "a{", "}{b}", "{{x}}", "x{y}z{w}"} {
@@ -148,14 +154,24 @@ func TestClusterURL(t *testing.T) {
 // takes, waits for, releases, inspects and breaks locks on a cluster.
 func TestClusterACL(t *testing.T) {
 	c := testenv.RequireRedisCluster(t)
-	rule := strings.Fields("~withlock:* ~withlock-* &withlock:released:* +eval +evalsha +info +time +type +pttl +hgetall +hget +hset +hdel +hexists +del +set +get +pexpireat +publish +subscribe +ping +client|setname +multi +exec +scan" +
-		" +cluster|slots +spublish +ssubscribe")
+	rule := strings.Fields(minimalACL + " +cluster|slots +spublish +ssubscribe")
 	for _, n := range c.Nodes {
 		do(t, n.URL, append([]string{"ACL", "SETUSER", "locker", "on", ">pw"}, rule...)...)
 	}
 	url := strings.Replace(c.Nodes[2].URL, "redis://", "redis://locker:pw@", 1)
+	everyOperation(t, url, lock.Options{TTL: 3 * time.Second}, nil)
+}
+
+// minimalACL is docs/redis.md's minimal ACL rule for withlock's user.
+const minimalACL = "~withlock:* ~withlock-* &withlock:released:* +eval +evalsha +info +time +type +pttl +hgetall +hget +hset +hdel +hexists +del +set +get +pexpireat +publish +subscribe +ping +client|setname +multi +exec +scan"
+
+// everyOperation takes, waits for, releases, inspects, lists and breaks a
+// lock through url, with clients of opts. waiting, if not nil, waits
+// until the waiter waits for name.
+func everyOperation(t *testing.T, url string, opts lock.Options, waiting func(ctx context.Context, name string)) {
+	t.Helper()
 	ctx := locktest.Context(t)
-	a, b := locktest.Open(t, url, lock.Options{TTL: 3 * time.Second}), locktest.Open(t, url, lock.Options{TTL: 3 * time.Second})
+	a, b := locktest.Open(t, url, opts), locktest.Open(t, url, opts)
 	name := locktest.Name(t)
 	held, err := a.Acquire(ctx, name)
 	if err != nil {
@@ -169,6 +185,9 @@ func TestClusterACL(t *testing.T) {
 		}
 		got <- err
 	}()
+	if waiting != nil {
+		waiting(ctx, name)
+	}
 	if st, err := a.Inspect(ctx, name); err != nil || len(st.Holders) != 1 {
 		t.Errorf("Inspect: %+v, %v", st, err)
 	}

@@ -4,35 +4,31 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
-	"net"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/locktest"
 	"github.com/withlock/withlock/internal/lock/redis"
+	"github.com/withlock/withlock/internal/stress/faultproxy"
 	"github.com/withlock/withlock/internal/testenv"
 )
 
 func TestConformance(t *testing.T) {
 	r := testenv.RequireRedis(t)
-	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, r.URL, opts) }
-	locktest.Run(t, open, locktest.Options{})
-	locktest.RunLease(t, open,
-		func(t *testing.T, name string) {
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, r.URL, opts) },
+		Lease: &locktest.Lease{Break: func(t *testing.T, name string) {
 			if n, err := testenv.RedisDo(locktest.Context(t), r.URL, "DEL", redis.Key(name)); err != nil || n != "1" {
 				t.Fatalf("DEL %s: %q, %v", redis.Key(name), n, err)
 			}
-		})
-	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
-	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
+		}},
+		Modes: locktest.Modes{RecordsN: true},
+	})
 }
 
 func TestErrors(t *testing.T) {
@@ -51,18 +47,7 @@ func TestErrors(t *testing.T) {
 // BenchmarkRoundTrip is one acquire and release on an open connection.
 func BenchmarkRoundTrip(b *testing.B) {
 	r := testenv.RequireRedis(b)
-	bk, err := lock.Open(r.URL, lock.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer bk.Close()
-	locktest.BenchRoundTrip(b, bk)
-}
-
-func TestFreshKeyIsTestenvs(t *testing.T) {
-	if redis.FreshKey != testenv.RedisFreshKey {
-		t.Fatalf("redis.FreshKey %q, testenv.RedisFreshKey %q: testenv marks its new servers with the wrong key", redis.FreshKey, testenv.RedisFreshKey)
-	}
+	locktest.BenchRoundTrip(b, r.URL)
 }
 
 func do(t *testing.T, url string, args ...string) string {
@@ -314,91 +299,41 @@ func TestWaitReplicas(t *testing.T) {
 	}
 }
 
-// cutter is a TCP proxy in front of a real server that cuts every
-// connection at one step of the protocol, as a flaky network does: just
-// before the client sends the command clientSends (which never reaches the
-// server), or once the server has sent serverBytes bytes. With neither, it
-// is a black hole: it accepts and never answers.
-type cutter struct {
-	ln          net.Listener
-	target      string
-	clientSends string // lower case, as go-redis sends commands
-	serverBytes int    // > 0: cut after this many bytes from the server
-	cuts        atomic.Int32
-}
-
-func newCutter(t *testing.T, target, clientSends string, serverBytes int) *cutter {
+// cutAt starts a fault proxy to target that cuts every connection at one
+// step of the protocol, as a flaky network does: just before the client
+// sends a command that contains clientSends (lower case, as go-redis sends
+// commands; the command never reaches the server), or once the server has
+// answered the client's first message with serverBytes bytes. With
+// neither, it is a black hole: it accepts and never answers. It returns the
+// proxy and url with its host:port replaced by the proxy's.
+func cutAt(t *testing.T, target, u, clientSends string, serverBytes int) (*faultproxy.Proxy, string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := faultproxy.Start(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cutter{ln: ln, target: target, clientSends: clientSends, serverBytes: serverBytes}
-	var conns sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); conns.Wait() })
-	go func() {
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
+	t.Cleanup(func() { p.Close() })
+	switch {
+	case clientSends != "":
+		p.SetRule(func(m faultproxy.Message) faultproxy.Action {
+			if bytes.Contains(bytes.ToLower(m.Data), []byte(clientSends)) {
+				return faultproxy.Action{Cut: faultproxy.CloseBefore}
 			}
-			conns.Add(1)
-			go func() {
-				defer conns.Done()
-				c.serve(client)
-			}()
-		}
-	}()
-	return c
-}
-
-// addr replaces the host:port of url with the proxy's.
-func (c *cutter) url(u string) string {
+			return faultproxy.Action{}
+		})
+	case serverBytes > 0:
+		p.SetRule(func(m faultproxy.Message) faultproxy.Action {
+			if m.Index == 1 {
+				return faultproxy.Action{Cut: faultproxy.CloseAfter, Answer: serverBytes}
+			}
+			return faultproxy.Action{}
+		})
+	default:
+		p.BlackHole()
+	}
 	parsed, _ := url.Parse(u)
-	parsed.Host = c.ln.Addr().String()
-	return parsed.String()
-}
-
-func (c *cutter) serve(client net.Conn) {
-	defer client.Close()
-	if c.clientSends == "" && c.serverBytes == 0 {
-		io.Copy(io.Discard, client) // a black hole, until the client gives up
-		return
-	}
-	server, err := net.Dial("tcp", c.target)
-	if err != nil {
-		return
-	}
-	defer server.Close()
-	cut := func() { c.cuts.Add(1); client.Close(); server.Close() }
-	go func() {
-		var sent int
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := server.Read(buf)
-			if c.serverBytes > 0 && sent+n >= c.serverBytes {
-				client.Write(buf[:c.serverBytes-sent])
-				cut()
-				return
-			}
-			sent += n
-			if _, werr := client.Write(buf[:n]); err != nil || werr != nil {
-				client.Close()
-				return
-			}
-		}
-	}()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := client.Read(buf)
-		if c.clientSends != "" && bytes.Contains(bytes.ToLower(buf[:n]), []byte(c.clientSends)) {
-			cut()
-			return
-		}
-		if _, werr := server.Write(buf[:n]); err != nil || werr != nil {
-			return
-		}
-	}
+	parsed.Host = p.Addr()
+	return p, parsed.String()
 }
 
 // A connection cut at any step of connecting or locking, or a server that
@@ -426,10 +361,10 @@ func TestCutConnections(t *testing.T) {
 		{"a TLS server that never answers", secure, "", 0, false},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
-			c := newCutter(t, addr(tc.server), tc.clientSends, tc.serverBytes)
+			p, u := cutAt(t, addr(tc.server), tc.server.URL, tc.clientSends, tc.serverBytes)
 			// A short connect timeout bounds the dial and TLS handshake of
 			// a server that never answers; ctx bounds the rest.
-			b := locktest.Open(t, c.url(tc.server.URL), lock.Options{ConnectTimeout: 500 * time.Millisecond})
+			b := locktest.Open(t, u, lock.Options{ConnectTimeout: 500 * time.Millisecond})
 			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 			defer cancel()
 			var err error
@@ -442,7 +377,7 @@ func TestCutConnections(t *testing.T) {
 				t.Errorf("%v; want ErrUnavailable", err)
 			}
 			if tc.clientSends != "" || tc.serverBytes > 0 {
-				if c.cuts.Load() == 0 {
+				if p.RuleCuts() == 0 {
 					t.Error("the proxy cut nothing: the test did not test")
 				}
 			}

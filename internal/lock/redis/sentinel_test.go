@@ -18,16 +18,16 @@ import (
 // TestSentinelConformance: the shared suite through a Sentinel URL.
 func TestSentinelConformance(t *testing.T) {
 	s := testenv.RequireRedisSentinel(t, testenv.RedisOptions{Password: "s3cret-pw"})
-	open := func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, s.URL, opts) }
-	locktest.Run(t, open, locktest.Options{})
-	locktest.RunLease(t, open, func(t *testing.T, name string) {
-		primary := s.Primary(locktest.Context(t))
-		if n := do(t, primary.URL, "DEL", redis.Key(name)); n != "1" {
-			t.Fatalf("DEL %s: %q", redis.Key(name), n)
-		}
+	locktest.Run(t, locktest.Config{
+		Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, s.URL, opts) },
+		Lease: &locktest.Lease{Break: func(t *testing.T, name string) {
+			primary := s.Primary(locktest.Context(t))
+			if n := do(t, primary.URL, "DEL", redis.Key(name)); n != "1" {
+				t.Fatalf("DEL %s: %q", redis.Key(name), n)
+			}
+		}},
+		Modes: locktest.Modes{RecordsN: true},
 	})
-	locktest.RunOperators(t, open, locktest.OperatorOptions{Lease: true})
-	locktest.RunModes(t, open, locktest.ModeOptions{RecordsN: true, Lease: true})
 }
 
 // TestSentinelFailover: a failover while one holds the lock and another
@@ -220,46 +220,15 @@ func TestSentinelFailoverStress(t *testing.T) {
 // Sentinel.
 func TestSentinelACL(t *testing.T) {
 	s := testenv.RequireRedisSentinel(t)
-	rule := strings.Fields("~withlock:* ~withlock-* &withlock:released:* +eval +evalsha +info +time +type +pttl +hgetall +hget +hset +hdel +hexists +del +set +get +pexpireat +publish +subscribe +ping +client|setname +multi +exec +scan")
+	rule := strings.Fields(minimalACL)
 	for _, r := range s.Servers {
 		do(t, r.URL, append([]string{"ACL", "SETUSER", "locker", "on", ">pw"}, rule...)...)
 	}
 	url := strings.Replace(s.URL, "redis+sentinel://", "redis+sentinel://locker:pw@", 1)
-	ctx := locktest.Context(t)
-	a, b := locktest.Open(t, url, lock.Options{}), locktest.Open(t, url, lock.Options{})
-	name := locktest.Name(t)
-	held, err := a.Acquire(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan error, 1)
-	go func() {
-		h, err := b.Acquire(ctx, name)
-		if err == nil {
-			err = h.Release(ctx)
-		}
-		got <- err
-	}()
-	primary := s.Primary(ctx)
-	for do(t, primary.URL, "PUBSUB", "NUMSUB", redis.Channel(name)) != redis.Channel(name)+"\n1" {
-		time.Sleep(10 * time.Millisecond) // the waiter subscribed: it waits
-	}
-	if st, err := a.Inspect(ctx, name); err != nil || len(st.Holders) != 1 {
-		t.Errorf("Inspect: %+v, %v", st, err)
-	}
-	if _, err := a.List(ctx); err != nil {
-		t.Errorf("List: %v", err)
-	}
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-got; err != nil {
-		t.Fatalf("the waiter: %v", err)
-	}
-	if _, err := a.TryAcquire(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	if hs, err := b.Break(ctx, name); err != nil || len(hs) != 1 {
-		t.Errorf("Break: %v, %v", hs, err)
-	}
+	everyOperation(t, url, lock.Options{}, func(ctx context.Context, name string) {
+		primary := s.Primary(ctx)
+		testenv.WaitFor(t, "the waiter's subscription", func() bool {
+			return do(t, primary.URL, "PUBSUB", "NUMSUB", redis.Channel(name)) == redis.Channel(name)+"\n1"
+		})
+	})
 }

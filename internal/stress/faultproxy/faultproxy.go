@@ -1,15 +1,20 @@
 // Package faultproxy is a TCP proxy for tests. It stands on 127.0.0.1 between
 // a client (withlock) and a server, and on command breaks the network the way
 // production networks break: it cuts every connection (RST), black-holes all
-// traffic (a partition), or delays it (latency). It is test-only code; nothing
-// in the product imports it.
+// traffic (a partition), or delays it (latency). A test that needs a cut at
+// one step of a protocol gives the proxy a Split, which cuts what a client
+// sends into the protocol's messages, and a rule, which holds, delays or
+// cuts the connection at a chosen message. It is test-only code; nothing in
+// the product imports it.
 package faultproxy
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,8 +28,55 @@ type Proxy struct {
 	links   map[*link]struct{}
 	gate    chan struct{} // closed while traffic flows; open (blocking) while black-holed
 	latency time.Duration
+	split   func() Split
+	rule    func(Message) Action
 	closed  bool
 	wg      sync.WaitGroup
+
+	accepted atomic.Int64 // connections accepted, to number them
+	ruleCuts atomic.Int64 // connections a rule cut
+}
+
+// Split reads the next message of a client's protocol from r, the bytes the
+// client sends on one connection, and returns it whole with a name for it
+// (a command, a step of the start-up; "" if it names nothing). An error ends
+// the connection: io.EOF passes the client's FIN on, any other resets it.
+type Split func(r *bufio.Reader) (kind string, data []byte, err error)
+
+// Message is one message a client sent through the proxy: a Split's, or
+// without one, the bytes of one read.
+type Message struct {
+	Conn  int64  // the connection's number, from 1 in the order accepted
+	Index int    // the message's number on its connection, from 1
+	Kind  string // the Split's name for it
+	Data  []byte
+}
+
+// Cut is how a rule ends a connection at a message.
+type Cut int
+
+const (
+	Pass        Cut = iota // forward the message
+	ResetBefore            // reset both sides (RST) instead of forwarding it
+	CloseBefore            // close both sides (FIN) instead of forwarding it
+	ResetAfter             // forward it, and reset both sides when the server answers, instead of passing the answer on
+	CloseAfter             // the same, with a close
+)
+
+func (c Cut) String() string {
+	return [...]string{"pass", "reset before", "close before", "reset after the server's answer", "close after the server's answer"}[c]
+}
+
+// Action is what the proxy does with one message, in this order: it waits
+// for Wait to be closed (if not nil), then Delay, then forwards or cuts.
+// Everything the client sends after the message waits behind it.
+type Action struct {
+	Wait  <-chan struct{}
+	Delay time.Duration
+	Cut   Cut
+	// Answer is, for ResetAfter and CloseAfter, how many bytes of the
+	// server's answer pass before the cut: a cut in the middle of it.
+	Answer int
 }
 
 // link is one proxied connection: the client's side, and the server's once
@@ -34,6 +86,15 @@ type link struct {
 	server *net.TCPConn // nil until dialled; guarded by Proxy.mu
 	done   chan struct{}
 	once   sync.Once
+	n      int64      // the connection's number
+	split  Split      // nil: messages are the bytes of one read
+	answer *answerCut // set by a rule's ResetAfter or CloseAfter; guarded by Proxy.mu
+}
+
+// answerCut is a cut at the server's answer: after left more bytes.
+type answerCut struct {
+	reset bool
+	left  int
 }
 
 // Start listens on a free port of 127.0.0.1 and forwards to target
@@ -120,6 +181,30 @@ func (p *Proxy) SetLatency(d time.Duration) {
 	p.mu.Unlock()
 }
 
+// SetSplit makes the proxy cut what clients send on the connections it
+// accepts from now on into messages with a Split that newSplit returns, one
+// for each connection (a Split may keep the state of its connection). Nil
+// makes a message of each read.
+func (p *Proxy) SetSplit(newSplit func() Split) {
+	p.mu.Lock()
+	p.split = newSplit
+	p.mu.Unlock()
+}
+
+// SetRule has rule decide, from now on, what happens to each message a
+// client sends; nil forwards every one. The rule is called on the
+// connection's goroutine, one message at a time, in order; it may be
+// called for several connections at once.
+func (p *Proxy) SetRule(rule func(Message) Action) {
+	p.mu.Lock()
+	p.rule = rule
+	p.mu.Unlock()
+}
+
+// RuleCuts is how many connections a rule has cut so far: a test can check
+// that the cut it set up took place.
+func (p *Proxy) RuleCuts() int { return int(p.ruleCuts.Load()) }
+
 // Close stops listening, resets every connection and waits for the proxy's
 // goroutines. It is safe to call twice.
 func (p *Proxy) Close() error {
@@ -143,8 +228,11 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return // closed
 		}
-		l := &link{client: c, done: make(chan struct{})}
+		l := &link{client: c, done: make(chan struct{}), n: p.accepted.Add(1)}
 		p.mu.Lock()
+		if p.split != nil {
+			l.split = p.split()
+		}
 		if p.closed {
 			p.mu.Unlock()
 			rst(c)
@@ -182,8 +270,8 @@ func (p *Proxy) serve(l *link) {
 	p.mu.Unlock()
 	var halves sync.WaitGroup
 	halves.Add(2)
-	go func() { defer halves.Done(); p.pump(l, l.server, l.client) }()
-	go func() { defer halves.Done(); p.pump(l, l.client, l.server) }()
+	go func() { defer halves.Done(); p.pump(l, l.server, l.client, true) }()
+	go func() { defer halves.Done(); p.pump(l, l.client, l.server, false) }()
 	halves.Wait()
 	select {
 	case <-l.done: // reset
@@ -194,33 +282,48 @@ func (p *Proxy) serve(l *link) {
 	}
 }
 
-// chunk is data read from one side, or the error (io.EOF: a FIN) that
-// ended the reading, with when it was read.
+// chunk is data read from one side (a message of the client's, as the
+// link's Split cut it), or the error (io.EOF: a FIN) that ended the
+// reading, with when it was read.
 type chunk struct {
+	kind string
 	data []byte
 	err  error
 	at   time.Time
 }
 
 // pump forwards src to dst: a reader that takes data as it comes, and a
-// writer that passes it on through the gate and the latency, in order.
-func (p *Proxy) pump(l *link, dst, src *net.TCPConn) {
+// writer that passes it on through the rule (for what the client sends),
+// the gate and the latency, in order.
+func (p *Proxy) pump(l *link, dst, src *net.TCPConn, fromClient bool) {
 	chunks := make(chan chunk, 16)
+	read := func() chunk {
+		buf := make([]byte, 32<<10)
+		n, err := src.Read(buf)
+		return chunk{data: buf[:n], err: err}
+	}
+	if fromClient && l.split != nil {
+		r := bufio.NewReaderSize(src, 32<<10)
+		read = func() chunk {
+			kind, data, err := l.split(r)
+			return chunk{kind: kind, data: data, err: err}
+		}
+	}
 	go func() {
 		for {
-			buf := make([]byte, 32<<10)
-			n, err := src.Read(buf)
-			c := chunk{data: buf[:n], err: err, at: time.Now()}
+			c := read()
+			c.at = time.Now()
 			select {
 			case chunks <- c:
 			case <-l.done:
 				return
 			}
-			if err != nil {
+			if c.err != nil {
 				return
 			}
 		}
 	}()
+	index := 0
 	for {
 		var c chunk
 		select {
@@ -228,8 +331,45 @@ func (p *Proxy) pump(l *link, dst, src *net.TCPConn) {
 		case <-l.done:
 			return
 		}
+		var a Action
+		if fromClient && len(c.data) > 0 {
+			index++
+			p.mu.Lock()
+			rule := p.rule
+			p.mu.Unlock()
+			if rule != nil {
+				a = rule(Message{Conn: l.n, Index: index, Kind: c.kind, Data: c.data})
+			}
+			if !l.hold(a) {
+				return
+			}
+		}
 		if !p.wait(l, c.at) {
 			return
+		}
+		switch a.Cut {
+		case ResetBefore, CloseBefore:
+			p.ruleCuts.Add(1)
+			p.end(l, a.Cut == ResetBefore)
+			return
+		case ResetAfter, CloseAfter:
+			p.mu.Lock()
+			l.answer = &answerCut{reset: a.Cut == ResetAfter, left: a.Answer}
+			p.mu.Unlock()
+		}
+		if !fromClient && len(c.data) > 0 {
+			p.mu.Lock()
+			cut := l.answer
+			p.mu.Unlock()
+			if cut != nil && len(c.data) >= cut.left {
+				dst.Write(c.data[:cut.left])
+				p.ruleCuts.Add(1)
+				p.end(l, cut.reset)
+				return
+			}
+			if cut != nil {
+				cut.left -= len(c.data)
+			}
 		}
 		if len(c.data) > 0 {
 			if _, err := dst.Write(c.data); err != nil {
@@ -272,6 +412,46 @@ func (p *Proxy) wait(l *link, at time.Time) bool {
 		}
 		return true
 	}
+}
+
+// hold waits as a rule's action says. It returns false if the link was
+// reset meanwhile.
+func (l *link) hold(a Action) bool {
+	if a.Wait != nil {
+		select {
+		case <-a.Wait:
+		case <-l.done:
+			return false
+		}
+	}
+	if a.Delay > 0 {
+		t := time.NewTimer(a.Delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-l.done:
+			return false
+		}
+	}
+	return true
+}
+
+// end ends l as a rule says: with an RST to both sides, or a FIN.
+func (p *Proxy) end(l *link, reset bool) {
+	if reset {
+		p.reset(l)
+		return
+	}
+	l.once.Do(func() {
+		close(l.done)
+		p.mu.Lock()
+		s := l.server
+		p.mu.Unlock()
+		l.client.Close()
+		if s != nil {
+			s.Close()
+		}
+	})
 }
 
 // reset sends an RST to both sides of l and ends it.

@@ -1,14 +1,21 @@
-package faultproxy
+package faultproxy_test
 
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/withlock/withlock/internal/stress/faultproxy"
+	"github.com/withlock/withlock/internal/testenv"
 )
 
 // echoServer is a TCP peer on 127.0.0.1 that echoes every line back; it
@@ -54,9 +61,9 @@ func startEcho(t *testing.T) *echoServer {
 	return e
 }
 
-func startProxy(t *testing.T, target string) *Proxy {
+func startProxy(t *testing.T, target string) *faultproxy.Proxy {
 	t.Helper()
-	p, err := Start(target)
+	p, err := faultproxy.Start(target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +71,7 @@ func startProxy(t *testing.T, target string) *Proxy {
 	return p
 }
 
-func dial(t *testing.T, p *Proxy) (net.Conn, *bufio.Reader) {
+func dial(t *testing.T, p *faultproxy.Proxy) (net.Conn, *bufio.Reader) {
 	t.Helper()
 	c, err := net.Dial("tcp", p.Addr())
 	if err != nil {
@@ -179,7 +186,7 @@ func TestCutDuringBlackHole(t *testing.T) {
 	p := startProxy(t, e.ln.Addr().String())
 	p.BlackHole()
 	c, r := dial(t, p)
-	waitFor(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return len(p.links) == 1 })
+	testenv.WaitFor(t, "the held connection", func() bool { return faultproxy.Links(p) == 1 })
 	if n := p.Cut(); n != 1 {
 		t.Fatalf("Cut reset %d connections, want 1", n)
 	}
@@ -233,13 +240,96 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
+// lines is a faultproxy.Split of the echo protocol: a message is a line,
+// named by its first word.
+func lines(r *bufio.Reader) (string, []byte, error) {
+	line, err := r.ReadBytes('\n')
+	kind, _, _ := strings.Cut(strings.TrimSpace(string(line)), " ")
+	return kind, line, err
+}
+
+// TestRule: a rule sees each line as a message, numbered by connection and
+// in the connection, and cuts, holds or passes it as it says.
+func TestRule(t *testing.T) {
+	e := startEcho(t)
+	p := startProxy(t, e.ln.Addr().String())
+	p.SetSplit(func() faultproxy.Split { return lines })
+	var (
+		mu   sync.Mutex
+		seen []faultproxy.Message
+	)
+	held := make(chan struct{})
+	p.SetRule(func(m faultproxy.Message) faultproxy.Action {
+		mu.Lock()
+		seen = append(seen, m)
+		mu.Unlock()
+		switch m.Kind {
+		case "reset":
+			return faultproxy.Action{Cut: faultproxy.ResetBefore}
+		case "close":
+			return faultproxy.Action{Cut: faultproxy.CloseBefore}
+		case "half":
+			return faultproxy.Action{Cut: faultproxy.CloseAfter, Answer: 3}
+		case "held":
+			return faultproxy.Action{Wait: held}
 		}
-		time.Sleep(5 * time.Millisecond)
+		return faultproxy.Action{}
+	})
+
+	c, r := dial(t, p)
+	if got := roundTrip(t, c, r, "pass it"); got != "pass it" {
+		t.Fatalf("echo %q through a rule that passes it", got)
+	}
+	if _, err := c.Write([]byte("held\nafter\n")); err != nil {
+		t.Fatal(err)
+	}
+	// Checks that nothing arrives, so it must wait a while.
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if b, err := r.ReadByte(); !isTimeout(err) {
+		t.Fatalf("read while the rule holds the message: %q, %v; want a timeout", b, err)
+	}
+	close(held)
+	for _, want := range []string{"held\n", "after\n"} {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if got, err := r.ReadString('\n'); err != nil || got != want {
+			t.Fatalf("once the rule let it go: %q, %v; want %q", got, err, want)
+		}
+	}
+
+	for _, tc := range []struct {
+		line, want string // the answer the client gets before the connection ends
+		reset      bool
+	}{
+		{"reset", "", true},
+		{"close", "", false},
+		{"half of it", "hal", false},
+	} {
+		c, r := dial(t, p)
+		before := p.RuleCuts()
+		if _, err := c.Write([]byte(tc.line + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(r)
+		if string(got) != tc.want {
+			t.Errorf("%s: the client got %q; want %q", tc.line, got, tc.want)
+		}
+		if tc.reset != errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("%s: the client's read ended with %v; want a reset: %v", tc.line, err, tc.reset)
+		}
+		if n := p.RuleCuts() - before; n != 1 {
+			t.Errorf("%s: RuleCuts grew by %d; want 1", tc.line, n)
+		}
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	var got []string
+	for _, m := range seen {
+		got = append(got, fmt.Sprintf("%d.%d %s %q", m.Conn, m.Index, m.Kind, m.Data))
+	}
+	want := []string{`1.1 pass "pass it\n"`, `1.2 held "held\n"`, `1.3 after "after\n"`, `2.1 reset "reset\n"`, `3.1 close "close\n"`, `4.1 half "half of it\n"`}
+	if !slices.Equal(got, want) {
+		t.Errorf("the rule saw %q; want %q", got, want)
 	}
 }
