@@ -11,11 +11,11 @@ import (
 )
 
 // RunOneDial checks that one TryAcquire against a server that accepts
-// every connection and closes it after its first bytes dials once: the driver has no
-// retries of its own, since lock.Acquire is the only retry loop (STYLE:
-// backends never retry). url makes the backend's URL for a host:port.
-// Connections whose first bytes (read for up to 100ms) ignore says are not
-// an attempt to connect are not counted.
+// every connection and closes it after its first bytes dials once: the
+// driver has no retries of its own, since Client.Acquire is the only retry
+// loop (lock.Backend: a backend never retries). url makes the backend's URL
+// for a host:port. Connections whose first bytes (read for up to 100ms)
+// ignore says are not an attempt to connect are not counted.
 func RunOneDial(t *testing.T, url func(hostport string) string, ignore func(first []byte) bool) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
