@@ -44,8 +44,9 @@ const (
 
 var (
 	onlyWaiting  = flag.Bool("waiting", false, "measure only what waiters cost the server")
-	waitBackends = flag.String("backends", strings.Join(backends, ","), "with -waiting or -handoff: the backends measured, comma-separated (-handoff without it: every row)")
+	waitBackends = flag.String("backends", strings.Join(backends, ","), "with -waiting, -handoff or -contention: the backends measured, comma-separated, among them "+redisSetupNames()+" (-handoff or -contention without it: every row)")
 	onlyHandoff  = flag.Bool("handoff", false, "measure only the hand-off table")
+	onlyContend  = flag.Bool("contention", false, "with -backends: measure only the contention table's rows of those backends")
 	onlyInit     = flag.Bool("init", false, "measure only package initialisation, by module")
 	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
 	doc          = flag.String("doc", "", "write the run's tables and charts to this Markdown file (make bench: docs/performance.md)")
@@ -65,8 +66,8 @@ func runDoc() error {
 	if *doc == "" {
 		return run()
 	}
-	if *onlyWaiting || *onlyHandoff || *onlyInit {
-		return errors.New("-doc takes the whole run, not -waiting, -handoff or -init")
+	if *onlyWaiting || *onlyHandoff || *onlyContend || *onlyInit {
+		return errors.New("-doc takes the whole run, not -waiting, -handoff, -contention or -init")
 	}
 	var out bytes.Buffer
 	restore, err := teeStdout(&out)
@@ -116,6 +117,12 @@ func run() error {
 	if *onlyHandoff && flagGiven("backends") {
 		return handoffFigures(work, wl, strings.Split(*waitBackends, ","))
 	}
+	if *onlyContend {
+		if !flagGiven("backends") {
+			return errors.New("-contention measures the backends of -backends: name them, e.g. -contention -backends redis")
+		}
+		return contentionFigures(work, wl, strings.Split(*waitBackends, ","))
+	}
 
 	pg, err := testenv.StartPostgres()
 	if err != nil {
@@ -143,13 +150,17 @@ func run() error {
 		return err
 	}
 	defer rd.Close()
-	// A three-master Redis Cluster, beside the single server in the
-	// hand-off and contention tables.
-	rc, err := testenv.StartRedisCluster()
-	if err != nil {
-		return err
+	// The other Redis set-ups, beside the single server in the hand-off and
+	// contention tables.
+	var setups []struct{ name, url string }
+	for _, r := range redisSetups {
+		url, stop, err := r.start()
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.name, err)
+		}
+		defer stop()
+		setups = append(setups, struct{ name, url string }{r.name, url})
 	}
-	defer rc.Close()
 	mg, err := testenv.StartMongo()
 	if err != nil {
 		return err
@@ -267,8 +278,8 @@ func run() error {
 		return func(cmd string) []string { return []string{wl, "--db", db, "handoff", "--", "sh", "-c", cmd} }
 	}
 	rows := []handoffRow{{"flock", lockCmd("")}}
-	clustered := append(dbs[:len(dbs):len(dbs)], struct{ name, url string }{"redis cluster", rc.URL})
-	for _, db := range clustered {
+	withSetups := append(dbs[:len(dbs):len(dbs)], setups...)
+	for _, db := range withSetups {
 		rows = append(rows, handoffRow{"withlock " + db.name, lockCmd(db.url)})
 	}
 	rows = append(rows, handoffRow{"etcdctl lock (etcd)", func(cmd string) []string { return etcdctl("handoff", "sh", "-c", cmd) }})
@@ -302,33 +313,16 @@ func run() error {
 
 	// Contention: contenders processes, each acquiring in turn around a critical
 	// section that notices overlaps.
-	fmt.Printf("\n## Contention: %d processes × %d acquisitions of one lock, 2 ms critical section\n\n", contenders, acquisitions)
-	fmt.Println("| contender | acquisitions/s | overlaps |")
-	fmt.Println("|---|---:|---:|")
-	critical := fmt.Sprintf("mkdir %[1]s/inside 2>/dev/null || echo x >> %[1]s/overlaps; sleep 0.002; rmdir %[1]s/inside", work)
-	type cont struct {
-		name string
-		n    int
-		argv []string
-	}
-	conts := []cont{{"flock", acquisitions, []string{"flock", flockFile, "sh", "-c", critical}}}
-	for _, db := range clustered {
-		conts = append(conts, cont{"withlock " + db.name, acquisitions, []string{wl, "--db", db.url, "contention", "--", "sh", "-c", critical}})
-	}
+	critical := criticalSection(work)
+	conts := contentionRows(work, wl, withSetups)
 	conts = append(conts,
 		cont{"psql lock/command/unlock", acquisitions, []string{psql, "-q", pgURL, "-c", "select pg_advisory_lock(7)", "-c", `\! ` + critical, "-c", "select pg_advisory_unlock(7)"}},
 		cont{"mysql client lock/command/unlock", acquisitions, mysqlClient("SELECT GET_LOCK('contention', 3600); system sh " + script(critical) + "; SELECT RELEASE_LOCK('contention')")},
 		cont{fmt.Sprintf("npm withlock (%d each)", npmAcquisition), npmAcquisition, []string{npmWithlock, "contention", "--db", pgURL, "--", "sh", "-c", critical}},
 		cont{"etcdctl lock (etcd)", acquisitions, etcdctl("contention", "sh", "-c", critical)},
 	)
-	for _, c := range conts {
-		rate, overlaps, err := contention(work, c.n, c.argv)
-		if err != nil {
-			return fmt.Errorf("%s: %w", c.name, err)
-		}
-		fmt.Printf("| %s | %.1f | %d |\n", c.name, rate, overlaps)
-		collected.contention = append(collected.contention, bars{c.name, []float64{rate}})
-		measured.set("contention", c.name, rate)
+	if err := contentionTable(work, conts); err != nil {
+		return err
 	}
 
 	// Memory: peak RSS of withlock while it holds the lock.
@@ -437,6 +431,96 @@ func handoffFigures(work, wl string, names []string) error {
 	return nil
 }
 
+// contentionFigures starts the servers of the backends named, and measures
+// their contention beside flock's: the contention table's rows of those
+// backends alone.
+func contentionFigures(work, wl string, names []string) error {
+	_, dbs, stop, err := startServers(work, names)
+	defer stop()
+	if err != nil {
+		return err
+	}
+	return contentionTable(work, contentionRows(work, wl, dbs))
+}
+
+// cont is a contender of the contention table: n acquisitions each, argv
+// the command that acquires once around the critical section.
+type cont struct {
+	name string
+	n    int
+	argv []string
+}
+
+// criticalSection is the contention table's command under the lock: it
+// notices an overlap, in work/overlaps, when two run at once.
+func criticalSection(work string) string {
+	return fmt.Sprintf("mkdir %[1]s/inside 2>/dev/null || echo x >> %[1]s/overlaps; sleep 0.002; rmdir %[1]s/inside", work)
+}
+
+// contentionRows are flock's row and withlock's rows on dbs of the
+// contention table.
+func contentionRows(work, wl string, dbs []struct{ name, url string }) []cont {
+	critical := criticalSection(work)
+	conts := []cont{{"flock", acquisitions, []string{"flock", filepath.Join(work, "flock.lock"), "sh", "-c", critical}}}
+	for _, db := range dbs {
+		conts = append(conts, cont{"withlock " + db.name, acquisitions, []string{wl, "--db", db.url, "contention", "--", "sh", "-c", critical}})
+	}
+	return conts
+}
+
+// contentionTable measures and prints the contention of conts, one after
+// the other.
+func contentionTable(work string, conts []cont) error {
+	fmt.Printf("\n## Contention: %d processes × %d acquisitions of one lock, 2 ms critical section\n\n", contenders, acquisitions)
+	fmt.Println("| contender | acquisitions/s | overlaps |")
+	fmt.Println("|---|---:|---:|")
+	for _, c := range conts {
+		rate, overlaps, err := contention(work, c.n, c.argv)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		fmt.Printf("| %s | %.1f | %d |\n", c.name, rate, overlaps)
+		collected.contention = append(collected.contention, bars{c.name, []float64{rate}})
+		measured.set("contention", c.name, rate)
+	}
+	return nil
+}
+
+// redisSetups are the Redis set-ups that the hand-off and contention tables
+// measure beside the single server ("redis"); -backends names them too.
+var redisSetups = []redisSetup{
+	{"redis cluster", func() (string, func() error, error) {
+		c, err := testenv.StartRedisCluster() // three masters
+		if err != nil {
+			return "", nil, err
+		}
+		return c.URL, c.Close, nil
+	}},
+	{"redis sentinel", func() (string, func() error, error) {
+		s, err := testenv.StartRedisSentinel() // a master, a replica, three Sentinels
+		if err != nil {
+			return "", nil, err
+		}
+		return s.URL, s.Close, nil
+	}},
+}
+
+// redisSetup is a Redis set-up of the bench: start starts its servers and
+// returns the URL that reaches them, and stop, which stops them.
+type redisSetup struct {
+	name  string
+	start func() (url string, stop func() error, err error)
+}
+
+// redisSetupNames lists the names of redisSetups, quoted, for -backends.
+func redisSetupNames() string {
+	var names []string
+	for _, r := range redisSetups {
+		names = append(names, strconv.Quote(r.name))
+	}
+	return strings.Join(names, ", ")
+}
+
 // startServers starts the servers of the backends named; stop stops those
 // that started, also when err says why the others did not.
 func startServers(work string, names []string) (s servers, dbs []struct{ name, url string }, stop func(), err error) {
@@ -481,7 +565,15 @@ func startServers(work string, names []string) (s servers, dbs []struct{ name, u
 				closers = append(closers, s.kube.Close)
 			}
 		default:
-			err = fmt.Errorf("-backends: no backend %q", n)
+			i := slices.IndexFunc(redisSetups, func(r redisSetup) bool { return r.name == n })
+			if i < 0 {
+				err = fmt.Errorf("-backends: no backend %q; name one of %s, %s", n, strings.Join(backends, ", "), redisSetupNames())
+				break
+			}
+			var stopSetup func() error
+			if url, stopSetup, err = redisSetups[i].start(); err == nil {
+				closers = append(closers, stopSetup)
+			}
 		}
 		if err != nil {
 			return s, nil, stop, err
@@ -524,6 +616,9 @@ func waitingOn(work, wl string, dbs []struct{ name, url string }, s servers) err
 		case "k8s":
 			t.pid, t.counter = s.kube.PID(), "requests (/metrics apiserver_request_total)"
 			t.ops, err = kubeOps(s.kube)
+		case "file": // no server
+		default:
+			return fmt.Errorf("-waiting: %s: not measured; name among %s", db.name, strings.Join(backends, ", "))
 		}
 		if err != nil {
 			return fmt.Errorf("%s: counting operations: %w", db.name, err)
