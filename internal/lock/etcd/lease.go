@@ -59,12 +59,13 @@ func (l *lease) Keep(ctx context.Context) error {
 }
 
 // keepCall bounds one request of Keep. With one endpoint, only ctx does:
-// the keep loop's deadline. With several, callTimeout and half the keep
-// loop's interval (ttl/6) do too, so that an endpoint that takes the request
-// but does not answer leaves time for the keep loop to try again, on the
-// next endpoint, before it must give the lock up: a member cut off from its
-// peers accepts a renewal and a linearizable read, then waits for a leader
-// it cannot reach, while the other members still hold the lock.
+// Keep answers within its ctx's deadline. With several, callTimeout and
+// TTL/6 (half of lock.Options.KeepInterval at its longest) do too, so that
+// an endpoint that takes the request but does not answer fails this Keep
+// early, and the next Keep, sent to the next endpoint, can still renew the
+// lease before it runs out: a member cut off from its peers accepts a
+// renewal and a linearizable read, then waits for a leader it cannot
+// reach, while the other members still hold the lock.
 func (b *backend) keepCall(ctx context.Context) (context.Context, context.CancelFunc) {
 	if len(b.c.endpoints) == 1 {
 		return context.WithCancel(ctx)
