@@ -60,7 +60,7 @@ func (l *lease) Keep(ctx context.Context) error {
 
 // keepCall bounds one request of Keep. With one endpoint, only ctx does:
 // Keep answers within its ctx's deadline. With several, callTimeout and
-// TTL/6 (half of lock.Options.KeepInterval at its longest) do too, so that
+// half of lock.Options.KeepInterval do too, so that
 // an endpoint that takes the request but does not answer fails this Keep
 // early, and the next Keep, sent to the next endpoint, can still renew the
 // lease before it runs out: a member cut off from its peers accepts a
@@ -70,7 +70,7 @@ func (b *backend) keepCall(ctx context.Context) (context.Context, context.Cancel
 	if len(b.c.endpoints) == 1 {
 		return context.WithCancel(ctx)
 	}
-	return context.WithTimeout(ctx, min(callTimeout, b.opts.TTL/6))
+	return context.WithTimeout(ctx, min(callTimeout, b.opts.KeepInterval()/2))
 }
 
 // Release deletes the key if it is still ours, then revokes the lease.
