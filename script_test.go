@@ -50,6 +50,9 @@ import (
 //	                          (Redis runs all and lease twice: on one server,
 //	                          and on a three-master cluster, rediscluster)
 //	testdata/script/etcd      etcd only; etcdctl is set up ($ETCDCTL_ENDPOINTS)
+//	                          (etcd runs all, lease and etcd twice: on Debian's
+//	                          3.4, and on the newest release with
+//	                          authentication on, etcd37auth, where [auth])
 //	testdata/script/mysql     MySQL (a MariaDB server) only; $MYSQLPORT is its
 //	                          port, for the mysql client (the user and password
 //	                          are in $MYSQL_USER and $MYSQL_PWD)
@@ -269,6 +272,7 @@ func TestScripts(t *testing.T) {
 			return s.URL, s, nil
 		}},
 		{"etcd", func(t *testing.T) { testenv.RequireEtcd(t) }, etcdScript(testenv.EtcdOptions{})},
+		{etcdAuthBackend, func(t *testing.T) { testenv.RequireEtcd(t, etcdAuthOptions) }, etcdAuthScript},
 		{"mysql", func(t *testing.T) { testenv.RequireMariaDB(t) }, func(e *testscript.Env) (string, server, error) {
 			// About a second: one per script, since GET_LOCK's names are
 			// the whole server's.
@@ -308,10 +312,13 @@ func TestScripts(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			b.require(t)
 			t.Run("all", func(t *testing.T) { testscript.Run(t, params("testdata/script/all", b.name, setup)) })
-			if leaseBackends[b.name] {
+			if leaseBackends[b.name] || isEtcd(b.name) {
 				t.Run("lease", func(t *testing.T) { testscript.Run(t, params("testdata/script/lease", b.name, setup)) })
 			}
 			dir := "testdata/script/" + b.name
+			if isEtcd(b.name) {
+				dir = "testdata/script/etcd"
+			}
 			if _, err := os.Stat(dir); err == nil {
 				t.Run("only", func(t *testing.T) { testscript.Run(t, params(dir, b.name, setup)) })
 			}
@@ -338,6 +345,73 @@ func etcdScript(o testenv.EtcdOptions) func(e *testscript.Env) (string, server, 
 		e.Setenv("ETCDHOSTPORT", s.Endpoint)
 		return s.URL, s, nil
 	}
+}
+
+// etcdAuthBackend runs the all, lease and etcd scripts on the newest etcd
+// release with authentication on (etcdAuthScript).
+const etcdAuthBackend = "etcd37auth"
+
+// etcdAuthOptions start the newest release, whose auth tokens are JWTs that
+// expire within most scripts' holds.
+var etcdAuthOptions = testenv.EtcdOptions{Version: testenv.EtcdVersions[len(testenv.EtcdVersions)-1], JWTTTL: 2 * time.Second}
+
+// isEtcd says whether backend is one of etcd's: its scripts' custom
+// commands and conditions are etcd's.
+func isEtcd(backend string) bool { return backend == "etcd" || backend == etcdAuthBackend }
+
+// etcdAuthScript starts a script's own etcd with etcdAuthOptions and turns
+// authentication on: $DB logs in as wl, a user who is not root and may
+// read and write keys but not manage users, roles or authentication (the
+// scripts' names, '../../etc/passwd' or 'zürich 日本' among them, and
+// status without NAME, which reads every key, leave no narrower prefix to
+// grant); etcdctl, and the scripts' own checks, log in as root.
+func etcdAuthScript(e *testscript.Env) (string, server, error) {
+	const rootPW, userPW = "r00t-pw", "s3cret-pw"
+	start := etcdScript(etcdAuthOptions)
+	_, srv, err := start(e)
+	if err != nil {
+		return "", nil, err
+	}
+	s := srv.(*testenv.Etcd)
+	if err := enableEtcdAuth(s, rootPW, "wl", userPW); err != nil {
+		s.Close()
+		return "", nil, err
+	}
+	e.Setenv("ETCDCTL_USER", "root:"+rootPW)
+	return "etcd://wl:" + userPW + "@" + s.Endpoint, s, nil
+}
+
+// enableEtcdAuth adds root with rootPW and user with userPW, whose role may
+// read and write every key, and turns authentication on.
+func enableEtcdAuth(s *testenv.Etcd, rootPW, user, userPW string) error {
+	c, err := s.Client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	role := user + "-role"
+	steps := []func() error{
+		func() error { _, err := c.UserAdd(ctx, "root", rootPW); return err },
+		func() error { _, err := c.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := c.RoleAdd(ctx, role); return err },
+		func() error {
+			// From the smallest key to the end of the key space.
+			_, err := c.RoleGrantPermission(ctx, role, "\x00", "\x00", clientv3.PermissionType(clientv3.PermReadWrite))
+			return err
+		},
+		func() error { _, err := c.UserAdd(ctx, user, userPW); return err },
+		func() error { _, err := c.UserGrantRole(ctx, user, role); return err },
+		func() error { _, err := c.AuthEnable(ctx); return err },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return fmt.Errorf("enable etcd authentication: %w", err)
+		}
+	}
+	s.Root = rootPW
+	return nil
 }
 
 // testEtcdVersions runs testdata/script/etcd_versions on the system's etcd
@@ -439,7 +513,7 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			case "root":
 				return os.Geteuid() == 0, nil
 			case "lease":
-				return leaseBackends[backend], nil
+				return leaseBackends[backend] || isEtcd(backend), nil
 			case "networked":
 				// A backend on a network server, which can be unreachable.
 				// (Not "net": testscript's own [net] means "this machine
@@ -447,7 +521,11 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 				return backend != "file" && backend != "", nil
 			case "records_n":
 				// The backend records a semaphore's N and refuses another.
-				return recordsN[backend], nil
+				return recordsN[backend] || isEtcd(backend), nil
+			case "auth":
+				// The backend's server has authentication on from the
+				// start, and etcdctl logs in as root ($ETCDCTL_USER).
+				return backend == etcdAuthBackend, nil
 			case "shared":
 				// The backend has shared locks (MySQL's GET_LOCK and a
 				// Kubernetes Lease have none).
@@ -848,7 +926,11 @@ func cmdBreaklease(ts *testscript.TestScript, neg bool, args []string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	switch ts.Getenv("BACKEND") {
+	backend := ts.Getenv("BACKEND")
+	if isEtcd(backend) {
+		backend = "etcd"
+	}
+	switch backend {
 	case "redis", "rediscluster", "redissentinel":
 		n, err := testenv.RedisDo(ctx, redisURL(ts, args[0]), "DEL", redis.Key(args[0]))
 		ts.Check(err)
