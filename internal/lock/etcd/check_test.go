@@ -16,15 +16,7 @@ import (
 // is a warning that names it; nothing of the probe is left.
 func TestCheck(t *testing.T) {
 	testenv.RequireEtcd(t) // the binary, or a skip that says how to get it
-	members, err := testenv.StartEtcdCluster(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, m := range members {
-			m.Close()
-		}
-	})
+	members := startCluster(t)
 	check := func() lock.Finding {
 		t.Helper()
 		c := locktest.Open(t, members[0].URL, lock.Options{})

@@ -2,6 +2,7 @@ package etcd_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +15,25 @@ import (
 	"github.com/withlock/withlock/internal/testenv"
 )
 
+// startCluster starts a 3-member cluster with o, closed when t ends; a
+// missing etcd skips t (fails it under CI) saying how to get one.
+func startCluster(t *testing.T, o ...testenv.EtcdOptions) []*testenv.Etcd {
+	t.Helper()
+	members, err := testenv.StartEtcdCluster(3, o...)
+	if errors.Is(err, testenv.ErrNoEtcd) || errors.Is(err, testenv.ErrNoEtcdVersion) {
+		testenv.RequireEtcd(t, o...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, m := range members {
+			m.Close()
+		}
+	})
+	return members
+}
+
 // TestLeaderKilled: on a 3-member cluster, given by every member's
 // address, the leader first, the leader is stopped while a holder holds
 // and a waiter waits.
@@ -23,15 +43,7 @@ import (
 // lets go.
 func TestLeaderKilled(t *testing.T) {
 	testenv.RequireEtcd(t)
-	members, err := testenv.StartEtcdCluster(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, m := range members {
-			m.Close()
-		}
-	})
+	members := startCluster(t)
 	var endpoints []string
 	for _, m := range members {
 		endpoints = append(endpoints, m.Endpoint)

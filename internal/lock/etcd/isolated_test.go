@@ -2,7 +2,6 @@ package etcd_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -52,18 +51,7 @@ func TestMemberIsolated(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			o := testenv.EtcdOptions{Version: v, PeerProxies: true}
-			members, err := testenv.StartEtcdCluster(3, o)
-			if errors.Is(err, testenv.ErrNoEtcd) || errors.Is(err, testenv.ErrNoEtcdVersion) {
-				testenv.RequireEtcd(t, o) // skips, or fails under CI, saying how to get it
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				for _, m := range members {
-					m.Close()
-				}
-			})
+			members := startCluster(t, o)
 			t.Run("all", func(t *testing.T) { testIsolated(t, members, true) })
 			t.Run("only", func(t *testing.T) { testIsolated(t, members, false) })
 		})
