@@ -271,6 +271,22 @@ func (c *client) postTo(ctx context.Context, ep int, path string, body []byte, h
 	}
 }
 
+// resendable are the requests that mean the same if the server gets them
+// twice: reads, renewals and revocations (a lease revoked twice is "not
+// found", which every caller takes as gone). Not a txn or a grant: a
+// release's guarded delete, sent again after it ran, would say the key was
+// no longer ours; a grant would leave a lease behind.
+var resendable = map[string]bool{
+	"/v3/kv/range":            true,
+	"/v3/lease/revoke":        true,
+	"/v3/lease/timetolive":    true,
+	"/v3/lease/keepalive":     true,
+	watchPath:                 true,
+	"/v3/cluster/member/list": true,
+	"/v3/maintenance/status":  true,
+	"/v3/auth/authenticate":   true,
+}
+
 // send is one HTTP request.
 func (c *client) send(ctx context.Context, ep int, path string, body []byte, header http.Header, token string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoints[ep]+path, bytes.NewReader(body))
@@ -281,6 +297,14 @@ func (c *client) send(ctx context.Context, ep int, path string, body []byte, hea
 		req.Header[k] = v
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if resendable[path] {
+		// Go's transport sends a request again, on a new connection, when
+		// a kept-alive connection it was sent on turns out closed or reset
+		// before the answer began (the server, or a proxy or load balancer
+		// in between, dropped it as idle), but only a request marked
+		// idempotent; a nil value marks it without sending the header.
+		req.Header["Idempotency-Key"] = nil
+	}
 	if token != "" {
 		// The gateway passes Authorization on as the gRPC metadata the
 		// server reads the token from.

@@ -1,0 +1,98 @@
+package etcd
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/withlock/withlock/internal/stress/faultproxy"
+	"github.com/withlock/withlock/internal/testenv"
+)
+
+// splitHTTP reads one HTTP/1.1 request, named by its path.
+func splitHTTP(r *bufio.Reader) (string, []byte, error) {
+	var head strings.Builder
+	for {
+		line, err := r.ReadString('\n')
+		head.WriteString(line)
+		if err != nil {
+			return "", nil, err
+		}
+		if line == "\r\n" {
+			break
+		}
+	}
+	req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(head.String())))
+	if err != nil {
+		return "", nil, err
+	}
+	body := make([]byte, max(req.ContentLength, 0))
+	if _, err := io.ReadFull(r, body); err != nil {
+		return "", nil, err
+	}
+	return req.URL.Path, append([]byte(head.String()), body...), nil
+}
+
+// A kept-alive connection reset as the next request goes out on it (a
+// server, proxy or load balancer dropping it as idle at that moment) costs
+// a read, a renewal or a revocation nothing: it goes out again on a new
+// connection. A txn is not sent again, since it may have run: the caller
+// hears of the reset.
+func TestResetKeptAliveConnection(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	p, err := faultproxy.Start(e.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	p.SetSplit(func() faultproxy.Split { return splitHTTP })
+	// Every request but the first on a connection is reset unsent.
+	p.SetRule(func(m faultproxy.Message) faultproxy.Action {
+		if m.Index > 1 {
+			return faultproxy.Action{Cut: faultproxy.ResetBefore}
+		}
+		return faultproxy.Action{}
+	})
+	c := newClient([]string{"http://" + p.Addr()}, "", "", nil)
+	defer c.close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	key := []byte(strings.ReplaceAll(t.Name(), "/", "-") + "/")
+	if _, err := c.get(ctx, &rangeRequest{Key: key}); err != nil {
+		t.Fatalf("first range: %v", err)
+	}
+	id, err := c.grant(ctx, 60) // a new connection: the first was reset
+	if err == nil {
+		t.Fatalf("grant on a connection the proxy resets: lease %x, no error; want the reset", id)
+	}
+	id, err = c.grant(ctx, 60)
+	if err != nil {
+		t.Fatalf("grant: %v", err)
+	}
+	for _, step := range []struct {
+		name string
+		do   func() error
+	}{
+		{"range", func() error { _, err := c.get(ctx, &rangeRequest{Key: key}); return err }},
+		{"keepalive", func() error { return c.keepAliveOnce(ctx, id) }},
+		{"timetolive", func() error { _, err := c.timeToLive(ctx, id); return err }},
+		{"revoke", func() error { return c.revoke(ctx, id) }},
+	} {
+		cuts := p.RuleCuts()
+		if err := step.do(); err != nil {
+			t.Errorf("%s on a kept-alive connection reset: %v; want it sent again", step.name, err)
+		}
+		if p.RuleCuts() != cuts+1 {
+			t.Errorf("%s: the proxy reset %d connections; want 1", step.name, p.RuleCuts()-cuts)
+		}
+	}
+	_, err = c.txn(ctx, &txnRequest{Success: []requestOp{{Range: &rangeRequest{Key: key}}}})
+	if err == nil || !strings.Contains(err.Error(), "reset") {
+		t.Errorf("txn on a kept-alive connection reset: %v; want the reset", err)
+	}
+}
