@@ -50,9 +50,11 @@ import (
 //	                          (Redis runs all and lease twice: on one server,
 //	                          and on a three-master cluster, rediscluster)
 //	testdata/script/etcd      etcd only; etcdctl is set up ($ETCDCTL_ENDPOINTS)
-//	                          (etcd runs all, lease and etcd twice: on Debian's
-//	                          3.4, and on the newest release with
-//	                          authentication on, etcd37auth, where [auth])
+//	                          (lease and etcd run on each release, Debian's
+//	                          3.4 and those the tests build, with
+//	                          authentication off, etcd35, and on, etcd35auth,
+//	                          where [auth]; all on etcd and on the newest
+//	                          with authentication on: etcdBackends)
 //	testdata/script/mysql     MySQL (a MariaDB server) only; $MYSQLPORT is its
 //	                          port, for the mysql client (the user and password
 //	                          are in $MYSQL_USER and $MYSQL_PWD)
@@ -271,8 +273,6 @@ func TestScripts(t *testing.T) {
 			e.Setenv("CLOSED", "redis+sentinel://:hunter22@127.0.0.1:1/locks")
 			return s.URL, s, nil
 		}},
-		{"etcd", func(t *testing.T) { testenv.RequireEtcd(t) }, etcdScript(testenv.EtcdOptions{})},
-		{etcdAuthBackend, func(t *testing.T) { testenv.RequireEtcd(t, etcdAuthOptions) }, etcdAuthScript},
 		{"mysql", func(t *testing.T) { testenv.RequireMariaDB(t) }, func(e *testscript.Env) (string, server, error) {
 			// About a second: one per script, since GET_LOCK's names are
 			// the whole server's.
@@ -288,13 +288,17 @@ func TestScripts(t *testing.T) {
 			return m.URL, m, nil
 		}},
 	}
-	backends = append(backends, struct {
+	type backend = struct {
 		name    string
 		require func(t *testing.T)
 		db      func(e *testscript.Env) (string, server, error)
-	}{"k8s", func(t *testing.T) { kube = testenv.RequireKube(t) }, func(e *testscript.Env) (string, server, error) {
+	}
+	backends = append(backends, backend{"k8s", func(t *testing.T) { kube = testenv.RequireKube(t) }, func(e *testscript.Env) (string, server, error) {
 		return kubeScript(e, kube, int(dbs.Add(1)))
 	}})
+	for _, eb := range etcdBackends() {
+		backends = append(backends, backend{eb.name, func(t *testing.T) { testenv.RequireEtcd(t, eb.opts) }, eb.script})
+	}
 	t.Run("cli", func(t *testing.T) {
 		testscript.Run(t, params("testdata/script/cli", "", nil))
 	})
@@ -310,8 +314,16 @@ func TestScripts(t *testing.T) {
 			return nil
 		}
 		t.Run(b.name, func(t *testing.T) {
+			if isEtcd(b.name) && !etcdAllScripts[b.name] {
+				// The etcd set-ups that run a few scripts each run side by
+				// side, once the others are done, so that none waits for
+				// another's slowest script.
+				t.Parallel()
+			}
 			b.require(t)
-			t.Run("all", func(t *testing.T) { testscript.Run(t, params("testdata/script/all", b.name, setup)) })
+			if !isEtcd(b.name) || etcdAllScripts[b.name] {
+				t.Run("all", func(t *testing.T) { testscript.Run(t, params("testdata/script/all", b.name, setup)) })
+			}
 			if leaseBackends[b.name] || isEtcd(b.name) {
 				t.Run("lease", func(t *testing.T) { testscript.Run(t, params("testdata/script/lease", b.name, setup)) })
 			}
@@ -347,30 +359,55 @@ func etcdScript(o testenv.EtcdOptions) func(e *testscript.Env) (string, server, 
 	}
 }
 
-// etcdAuthBackend runs the all, lease and etcd scripts on the newest etcd
-// release with authentication on (etcdAuthScript).
-const etcdAuthBackend = "etcd37auth"
+// etcdBackend is a set-up of etcd the scripts run on: a release (""
+// Debian's 3.4, else one of testenv.EtcdVersions), with authentication on
+// or off. Its name is etcd, the release's digits, and auth if it is on.
+type etcdBackend struct {
+	name string
+	opts testenv.EtcdOptions
+	auth bool
+}
 
-// etcdAuthOptions start the newest release, whose auth tokens are JWTs that
-// expire within most scripts' holds.
-var etcdAuthOptions = testenv.EtcdOptions{Version: testenv.EtcdVersions[len(testenv.EtcdVersions)-1], JWTTTL: 2 * time.Second}
+// etcdBackends are every release with authentication off and on. With it
+// on, the releases the tests build hand out JWTs that expire every 2s,
+// within most scripts' holds; Debian's, simple tokens.
+func etcdBackends() []etcdBackend {
+	var ebs []etcdBackend
+	for _, v := range append([]string{""}, testenv.EtcdVersions...) {
+		name := "etcd" + strings.ReplaceAll(v, ".", "")
+		ebs = append(ebs, etcdBackend{name: name, opts: testenv.EtcdOptions{Version: v}})
+		o := testenv.EtcdOptions{Version: v}
+		if v != "" {
+			o.JWTTTL = 2 * time.Second
+		}
+		ebs = append(ebs, etcdBackend{name: name + "auth", opts: o, auth: true})
+	}
+	return ebs
+}
 
-// isEtcd says whether backend is one of etcd's: its scripts' custom
-// commands and conditions are etcd's.
-func isEtcd(backend string) bool { return backend == "etcd" || backend == etcdAuthBackend }
+// etcdAllScripts are the etcd set-ups that run the all scripts too: Debian's
+// release, and the newest with authentication on. The others run the lease
+// and etcd scripts, where releases and authentication differ.
+var etcdAllScripts = map[string]bool{
+	"etcd": true,
+	"etcd" + strings.ReplaceAll(testenv.EtcdVersions[len(testenv.EtcdVersions)-1], ".", "") + "auth": true,
+}
 
-// etcdAuthScript starts a script's own etcd with etcdAuthOptions and turns
-// authentication on: $DB logs in as wl, a user who is not root and may
-// read and write keys but not manage users, roles or authentication (the
-// scripts' names, '../../etc/passwd' or 'zürich 日本' among them, and
-// status without NAME, which reads every key, leave no narrower prefix to
-// grant); etcdctl, and the scripts' own checks, log in as root.
-func etcdAuthScript(e *testscript.Env) (string, server, error) {
+// isEtcd says whether backend is one of etcd's set-ups: its scripts'
+// custom commands and conditions are etcd's.
+func isEtcd(backend string) bool { return strings.HasPrefix(backend, "etcd") }
+
+// script starts a script's own etcd. With authentication on, $DB logs in as
+// wl, a user who is not root and may read and write keys but not manage
+// users, roles or authentication (the scripts' names, '../../etc/passwd' or
+// 'zürich 日本' among them, and status without NAME, which reads every key,
+// leave no narrower prefix to grant); etcdctl, and the scripts' own checks,
+// log in as root.
+func (eb etcdBackend) script(e *testscript.Env) (string, server, error) {
 	const rootPW, userPW = "r00t-pw", "s3cret-pw"
-	start := etcdScript(etcdAuthOptions)
-	_, srv, err := start(e)
-	if err != nil {
-		return "", nil, err
+	db, srv, err := etcdScript(eb.opts)(e)
+	if err != nil || !eb.auth {
+		return db, srv, err
 	}
 	s := srv.(*testenv.Etcd)
 	if err := enableEtcdAuth(s, rootPW, "wl", userPW); err != nil {
@@ -378,40 +415,16 @@ func etcdAuthScript(e *testscript.Env) (string, server, error) {
 		return "", nil, err
 	}
 	e.Setenv("ETCDCTL_USER", "root:"+rootPW)
-	return "etcd://wl:" + userPW + "@" + s.Endpoint, s, nil
+	return s.URLAs("wl", userPW), s, nil
 }
 
-// enableEtcdAuth adds root with rootPW and user with userPW, whose role may
-// read and write every key, and turns authentication on.
+// enableEtcdAuth adds user with userPW, whose role may read and write every
+// key, and root with rootPW, and turns authentication on.
 func enableEtcdAuth(s *testenv.Etcd, rootPW, user, userPW string) error {
-	c, err := s.Client()
-	if err != nil {
+	if err := s.AddUser(user, userPW, testenv.EtcdEveryKey); err != nil {
 		return err
 	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	role := user + "-role"
-	steps := []func() error{
-		func() error { _, err := c.UserAdd(ctx, "root", rootPW); return err },
-		func() error { _, err := c.UserGrantRole(ctx, "root", "root"); return err },
-		func() error { _, err := c.RoleAdd(ctx, role); return err },
-		func() error {
-			// From the smallest key to the end of the key space.
-			_, err := c.RoleGrantPermission(ctx, role, "\x00", "\x00", clientv3.PermissionType(clientv3.PermReadWrite))
-			return err
-		},
-		func() error { _, err := c.UserAdd(ctx, user, userPW); return err },
-		func() error { _, err := c.UserGrantRole(ctx, user, role); return err },
-		func() error { _, err := c.AuthEnable(ctx); return err },
-	}
-	for _, step := range steps {
-		if err := step(); err != nil {
-			return fmt.Errorf("enable etcd authentication: %w", err)
-		}
-	}
-	s.Root = rootPW
-	return nil
+	return s.EnableAuth(rootPW)
 }
 
 // testEtcdVersions runs testdata/script/etcd_versions on the system's etcd
@@ -525,7 +538,7 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			case "auth":
 				// The backend's server has authentication on from the
 				// start, and etcdctl logs in as root ($ETCDCTL_USER).
-				return backend == etcdAuthBackend, nil
+				return isEtcd(backend) && strings.HasSuffix(backend, "auth"), nil
 			case "shared":
 				// The backend has shared locks (MySQL's GET_LOCK and a
 				// Kubernetes Lease have none).
@@ -862,7 +875,7 @@ func serverTLS(ts *testscript.TestScript, st *scriptState, clientCerts bool) {
 		ts.Check(err)
 		next, ca, port = m, m.CertFile, m.Port
 	case *testenv.Etcd:
-		e, err := testenv.StartEtcd(testenv.EtcdOptions{TLS: true, ClientCertAuth: clientCerts})
+		e, err := testenv.StartEtcd(testenv.EtcdOptions{TLS: true, ClientCertAuth: clientCerts, Version: old.Version})
 		ts.Check(err)
 		next, ca, port = e, e.CertFile, e.Port
 		ts.Setenv("CLIENTCERT", filepath.Join(e.Dir, "server.crt"))

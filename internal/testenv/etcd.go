@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
@@ -12,6 +13,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,6 +43,7 @@ type Etcd struct {
 	*proc
 	Endpoint string // 127.0.0.1:PORT, as etcdctl --endpoints takes it
 	Root     string // root's password, once a test turned authentication on; Client uses it
+	Version  string // the release it runs, as EtcdOptions.Version names it
 	// PeerProxy, with EtcdOptions.PeerProxies, stands in front of the
 	// member's peer port: every connection a peer makes to this member
 	// goes through it (this member's own connections to its peers go
@@ -183,7 +186,7 @@ func startEtcdMember(o EtcdOptions, name string, peerPort int, advertised, initi
 			return nil, err
 		}
 	}
-	e := &Etcd{proc: proc}
+	e := &Etcd{proc: proc, Version: o.Version}
 	proc.command = func() *exec.Cmd {
 		if peerPort == 0 { // the member's data names its peer URL: one for good
 			l, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -302,6 +305,76 @@ func (e *Etcd) Client() (*clientv3.Client, error) {
 		cfg.TLS = e.tlsConfig()
 	}
 	return clientv3.New(cfg)
+}
+
+// EtcdEveryKey, as the prefix of [Etcd.AddUser], grants every key.
+const EtcdEveryKey = "\x00"
+
+// AddUser creates user name with password, whose role may read and write
+// the keys under prefix and nothing else: "" no key at all, EtcdEveryKey
+// every key. Users are made as root once authentication is on.
+func (e *Etcd) AddUser(name, password, prefix string) error {
+	c, err := e.Client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = c.UserAdd(ctx, name, password)
+	if err == nil && prefix != "" {
+		role, end := name+"-role", clientv3.GetPrefixRangeEnd(prefix)
+		if prefix == EtcdEveryKey {
+			end = EtcdEveryKey // from the smallest key to the end of the key space
+		}
+		if _, err = c.RoleAdd(ctx, role); err == nil {
+			_, err = c.RoleGrantPermission(ctx, role, prefix, end, clientv3.PermissionType(clientv3.PermReadWrite))
+		}
+		if err == nil {
+			_, err = c.UserGrantRole(ctx, name, role)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("testenv: add etcd user %s: %w", name, err)
+	}
+	return nil
+}
+
+// EnableAuth creates root with rootPassword and turns authentication on,
+// as etcdctl user add root and etcdctl auth enable do; Client logs in as
+// root from then on. Make the other users first: with JWTs of a short TTL,
+// root's token can run out in the middle of a set-up on a busy machine,
+// and the official client does not always fetch a new one.
+func (e *Etcd) EnableAuth(rootPassword string) error {
+	c, err := e.Client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = c.UserAdd(ctx, "root", rootPassword)
+	if err == nil {
+		_, err = c.UserGrantRole(ctx, "root", "root")
+	}
+	if err == nil {
+		_, err = c.AuthEnable(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("testenv: enable etcd authentication: %w", err)
+	}
+	e.Root = rootPassword
+	return nil
+}
+
+// URLAs is the server's URL with user and password in it.
+func (e *Etcd) URLAs(user, password string) string {
+	u, err := url.Parse(e.URL)
+	if err != nil {
+		panic(err) // built by StartEtcd
+	}
+	u.User = url.UserPassword(user, password)
+	return u.String()
 }
 
 // tlsConfig is how a test's own checks speak TLS to the server: trusting

@@ -52,21 +52,47 @@ func keys(t *testing.T, c *clientv3.Client, name string) []string {
 	return ks
 }
 
-// The conformance suite, on the system's etcd and on every release of
-// testenv.EtcdVersions.
-func TestConformance(t *testing.T) {
+// eachSetUp runs test, side by side when parallel, on the system's etcd
+// and on every release of testenv.EtcdVersions, each with authentication
+// off and on. With it on, url logs in as wl, a user who is not root and
+// may read and write every key, and the releases the tests build hand out
+// JWTs that expire every 2s (the system's, simple tokens); e.Client logs in
+// as root.
+func eachSetUp(t *testing.T, parallel bool, test func(t *testing.T, e *testenv.Etcd, url string)) {
 	for _, v := range append([]string{""}, testenv.EtcdVersions...) {
-		t.Run("etcd"+v, func(t *testing.T) {
-			t.Parallel()
-			testConformance(t, testenv.RequireEtcd(t, testenv.EtcdOptions{Version: v}))
-		})
+		for _, auth := range []bool{false, true} {
+			name := "etcd" + v + map[bool]string{false: "", true: "/auth"}[auth]
+			t.Run(name, func(t *testing.T) {
+				if parallel {
+					t.Parallel()
+				}
+				o := testenv.EtcdOptions{Version: v}
+				if auth && v != "" {
+					o.JWTTTL = 2 * time.Second
+				}
+				e := testenv.RequireEtcd(t, o)
+				url := e.URL
+				if auth {
+					addUser(t, e, "wl", "wlpw", testenv.EtcdEveryKey)
+					enableAuth(t, e, "rootpw")
+					url = e.URLAs("wl", "wlpw")
+				}
+				test(t, e, url)
+			})
+		}
 	}
 }
 
-func testConformance(t *testing.T, e *testenv.Etcd) {
+// The conformance suite, on every release, with authentication off and
+// on.
+func TestConformance(t *testing.T) {
+	eachSetUp(t, true, testConformance)
+}
+
+func testConformance(t *testing.T, e *testenv.Etcd, url string) {
 	c := client(t, e)
 	locktest.Run(t, locktest.Config{
-		Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, e.URL, opts) },
+		Open: func(t *testing.T, opts lock.Options) *lock.Client { return locktest.Open(t, url, opts) },
 		Lease: &locktest.Lease{
 			// A lease broken behind its holder's back: its key deleted, as
 			// `etcdctl del` would.
@@ -773,39 +799,17 @@ func testList(t *testing.T, e *testenv.Etcd) {
 // authentication on, as etcdctl user add root and etcdctl auth enable do.
 func enableAuth(t *testing.T, e *testenv.Etcd, rootPassword string) {
 	t.Helper()
-	c := client(t, e)
-	ctx := locktest.Context(t)
-	_, err := c.UserAdd(ctx, "root", rootPassword)
-	if err == nil {
-		_, err = c.UserGrantRole(ctx, "root", "root")
+	if err := e.EnableAuth(rootPassword); err != nil {
+		t.Fatal(err)
 	}
-	if err == nil {
-		_, err = c.AuthEnable(ctx)
-	}
-	if err != nil {
-		t.Fatalf("enable authentication: %v", err)
-	}
-	e.Root = rootPassword
 }
 
 // addUser creates user name with password, allowed to read and write the
 // keys under prefix and nothing else (an empty prefix: no key at all).
 func addUser(t *testing.T, e *testenv.Etcd, name, password, prefix string) {
 	t.Helper()
-	c := client(t, e)
-	ctx := locktest.Context(t)
-	_, err := c.UserAdd(ctx, name, password)
-	if err == nil && prefix != "" {
-		role := name + "-role"
-		if _, err = c.RoleAdd(ctx, role); err == nil {
-			_, err = c.RoleGrantPermission(ctx, role, prefix, clientv3.GetPrefixRangeEnd(prefix), clientv3.PermissionType(clientv3.PermReadWrite))
-		}
-		if err == nil {
-			_, err = c.UserGrantRole(ctx, name, role)
-		}
-	}
-	if err != nil {
-		t.Fatalf("add user %s: %v", name, err)
+	if err := e.AddUser(name, password, prefix); err != nil {
+		t.Fatal(err)
 	}
 }
 

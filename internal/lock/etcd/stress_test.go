@@ -24,9 +24,13 @@ import (
 // it from its keep loop. The semaphore never has 4 holders, shared never
 // overlaps exclusive, exclusive is always alone, and every exclusive
 // holder's token is larger than those handed out before it on the same
-// name.
+// name. On every release, with authentication off and on, one after
+// another: sixteen contenders are load enough.
 func TestModesStress(t *testing.T) {
-	e := testenv.RequireEtcd(t)
+	eachSetUp(t, false, testModesStress)
+}
+
+func testModesStress(t *testing.T, e *testenv.Etcd, url string) {
 	admin := client(t, e)
 	const rounds = 25
 	var session *concurrency.Session
@@ -36,7 +40,7 @@ func TestModesStress(t *testing.T) {
 		}
 	})
 	locktest.Stress{
-		URL:        e.URL,
+		URL:        url,
 		Contenders: locktest.Mixed(),
 		Rounds:     rounds,
 		TTL:        3 * time.Second,
