@@ -81,7 +81,7 @@ func TestClassify(t *testing.T) {
 }
 
 // The answers that refuse a request's auth token, not its user, in every
-// shape: the request is sent again once with a new token. A watch's
+// shape: the request is sent again with a new token. A watch's
 // "permission denied" is one too (etcd 3.4 cancels a watch so for a token
 // it does not know); other requests' is a real refusal.
 func TestTokenRefused(t *testing.T) {

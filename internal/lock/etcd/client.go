@@ -28,8 +28,9 @@ import (
 // call, as lock.Backend says), with two exceptions that are not a second attempt of
 // the same request: the next endpoint is tried when one cannot be dialled
 // (the request never left), and a request refused for its auth token
-// (expired, or older than the server's auth store) is sent again once with
-// a new token (the server refused it before doing anything).
+// (expired, or older than the server's auth store) is sent again with a new
+// token, at most tokenSends times in all (the server refused it before
+// doing anything).
 type client struct {
 	endpoints      []string // base URLs: http(s)://HOST:PORT
 	user, password string
@@ -190,8 +191,7 @@ func httpError(resp *http.Response) error {
 // of any user or role ("revision of auth store is old"). The server refused
 // it before doing anything, so the request can be sent again with a new
 // token. etcd 3.4 cancels a watch with "permission denied" for a token it
-// no longer knows; there, a denial that a new token meets again is a real
-// one.
+// no longer knows; there, a denial that new tokens meet too is a real one.
 func tokenRefused(err error, path string) bool {
 	return is(err, msgInvalidToken) || is(err, msgAuthOldRevision) || path == watchPath && is(err, msgPermissionDenied)
 }
@@ -200,7 +200,7 @@ func tokenRefused(err error, path string) bool {
 // one while they cannot be dialled, with the auth token, and returns the
 // answer if it is 200 and read, which reads its first message (nil: none),
 // accepts it. A request whose token is refused, by the HTTP status or by
-// that first message, is sent again once with a new token.
+// that first message, is sent again with a new token (tokenSends).
 func (c *client) post(ctx context.Context, path string, body []byte, header http.Header, read func(*http.Response) error) (*http.Response, error) {
 	c.mu.Lock()
 	first := c.cur
@@ -246,10 +246,16 @@ func cannotServe(err error) bool {
 	return !errors.Is(err, context.Canceled)
 }
 
+// tokenSends bounds the sends of one request whose auth token the server
+// refuses, each with a new token: the first new token can itself be refused
+// when a change of a user or role lands between its issue and its use, and
+// a request renewing a lease must not fail for that.
+const tokenSends = 3
+
 // postTo is post to one endpoint: authenticating first when the URL has a
 // user and there is no token yet.
 func (c *client) postTo(ctx context.Context, ep int, path string, body []byte, header http.Header, read func(*http.Response) error) (*http.Response, error) {
-	for again := true; ; again = false {
+	for sends := 1; ; sends++ {
 		token, err := c.authToken(ctx, ep)
 		if err != nil {
 			return nil, err
@@ -263,7 +269,7 @@ func (c *client) postTo(ctx context.Context, ep int, path string, body []byte, h
 		if err == nil {
 			return resp, nil
 		}
-		if c.user != "" && again && tokenRefused(err, path) {
+		if c.user != "" && sends < tokenSends && tokenRefused(err, path) {
 			c.dropToken(token)
 			continue
 		}
@@ -407,7 +413,7 @@ var errStreamEnded = errors.New("the stream ended")
 
 // openStream sends in to path, a streaming request, and reads the first
 // message with first, which returns its error (the server's refusal of the
-// token too: the request is then sent again once with a new one). The
+// token too: the request is then sent again with a new one). The
 // gateway reads the request's body as the messages to send, so the one
 // message is all of it; the server goes on answering after the body's end.
 func (c *client) openStream(ctx context.Context, path string, in any, header http.Header, first func(*stream) error) (*stream, error) {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,5 +95,91 @@ func TestResetKeptAliveConnection(t *testing.T) {
 	_, err = c.txn(ctx, &txnRequest{Success: []requestOp{{Range: &rangeRequest{Key: key}}}})
 	if err == nil || !strings.Contains(err.Error(), "reset") {
 		t.Errorf("txn on a kept-alive connection reset: %v; want the reset", err)
+	}
+}
+
+// A change of a user or role that lands between a new token's issue and
+// its use makes the server refuse that token too ("revision of auth store
+// is old"); the request is sent again with a newer one rather than fail.
+// The proxy holds the request that carries the new token while the
+// password is changed again. On the system's etcd with simple tokens (the
+// change invalidates the user's tokens) and on the newest release with
+// JWTs (the token is older than the auth store).
+func TestAuthChangeMeetsNewToken(t *testing.T) {
+	newest := testenv.EtcdVersions[len(testenv.EtcdVersions)-1]
+	for _, o := range []testenv.EtcdOptions{{}, {Version: newest, JWTTTL: time.Minute}} {
+		t.Run("etcd"+o.Version, func(t *testing.T) {
+			t.Parallel()
+			testAuthChangeMeetsNewToken(t, testenv.RequireEtcd(t, o))
+		})
+	}
+}
+
+func testAuthChangeMeetsNewToken(t *testing.T, e *testenv.Etcd) {
+	if err := e.AddUser("wl", "wlpw", testenv.EtcdEveryKey); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.EnableAuth("rootpw"); err != nil {
+		t.Fatal(err)
+	}
+	root, err := e.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	p, err := faultproxy.Start(e.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	p.SetSplit(func() faultproxy.Split { return splitHTTP })
+	c := newClient([]string{"http://" + p.Addr()}, "wl", "wlpw", nil)
+	defer c.close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	key := []byte("jobs/x")
+	if _, err := c.get(ctx, &rangeRequest{Key: key}); err != nil {
+		t.Fatalf("range: %v", err)
+	}
+	changePassword := func() {
+		t.Helper()
+		if _, err := root.UserChangePassword(ctx, "wl", "wlpw"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	changePassword()
+
+	// The first range after the next authentication waits for the second
+	// change.
+	held, release := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	authenticated, holding := false, false
+	p.SetRule(func(m faultproxy.Message) faultproxy.Action {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case m.Kind == "/v3/auth/authenticate":
+			authenticated = true
+		case m.Kind == "/v3/kv/range" && authenticated && !holding:
+			holding = true
+			close(held)
+			return faultproxy.Action{Wait: release}
+		}
+		return faultproxy.Action{}
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.get(ctx, &rangeRequest{Key: key})
+		done <- err
+	}()
+	select {
+	case <-held:
+	case err := <-done:
+		t.Fatalf("the range ended before it was sent with a new token: %v", err)
+	}
+	changePassword()
+	close(release)
+	if err := <-done; err != nil {
+		t.Errorf("range whose new token an auth change made old: %v; want it sent again with a newer one", err)
 	}
 }
