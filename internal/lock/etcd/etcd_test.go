@@ -56,9 +56,9 @@ func keys(t *testing.T, c *clientv3.Client, name string) []string {
 // and on every release of testenv.EtcdVersions, each with authentication
 // off and on. With it on, url logs in as wl, a user who is not root and
 // may read and write every key, and the releases the tests build hand out
-// JWTs that expire every 2s (the system's, simple tokens); e.Client logs in
-// as root.
-func eachSetUp(t *testing.T, parallel bool, test func(t *testing.T, e *testenv.Etcd, url string)) {
+// JWTs that expire after jwtTTL (the system's, simple tokens); e.Client
+// logs in as root.
+func eachSetUp(t *testing.T, parallel bool, jwtTTL time.Duration, test func(t *testing.T, e *testenv.Etcd, url string)) {
 	for _, v := range append([]string{""}, testenv.EtcdVersions...) {
 		for _, auth := range []bool{false, true} {
 			name := "etcd" + v + map[bool]string{false: "", true: "/auth"}[auth]
@@ -68,7 +68,7 @@ func eachSetUp(t *testing.T, parallel bool, test func(t *testing.T, e *testenv.E
 				}
 				o := testenv.EtcdOptions{Version: v}
 				if auth && v != "" {
-					o.JWTTTL = 2 * time.Second
+					o.JWTTTL = jwtTTL
 				}
 				e := testenv.RequireEtcd(t, o)
 				url := e.URL
@@ -84,9 +84,9 @@ func eachSetUp(t *testing.T, parallel bool, test func(t *testing.T, e *testenv.E
 }
 
 // The conformance suite, on every release, with authentication off and
-// on.
+// on, with JWTs that expire within most of its holds.
 func TestConformance(t *testing.T) {
-	eachSetUp(t, true, testConformance)
+	eachSetUp(t, true, 2*time.Second, testConformance)
 }
 
 func testConformance(t *testing.T, e *testenv.Etcd, url string) {

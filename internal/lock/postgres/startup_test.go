@@ -234,6 +234,11 @@ func TestTLSNegotiation(t *testing.T) {
 		{"disable, TLS server", withTLS, "sslmode=disable", false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
+			// The session of the subtest before ends on the server some time
+			// after its client closed it.
+			testenv.WaitFor(t, "no withlock session left", func() bool {
+				return query(t, tc.server.URL, `select count(*) from pg_stat_activity where application_name like 'withlock %'`) == "0"
+			})
 			before := connections(t, tc.server)
 			l, err := locktest.Open(t, via(tc.server.URL, "127.0.0.1:"+strconv.Itoa(tc.server.Port), tc.query), lock.Options{}).TryAcquire(locktest.Context(t), "job")
 			if err != nil {
