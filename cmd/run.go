@@ -319,6 +319,11 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 			return lock.Open(dbURL, lock.Options{ConnectTimeout: f.connectTimeout, Holder: opts.Holder, Log: quietLogger})
 		}, name, env.terminal)
 	}
+	// The command is looked up before the wait, so that the hand-off does
+	// not pay for the search; one not found yet is looked up again once
+	// the lock is held (it may have been installed meanwhile), and its
+	// error is reported then.
+	path, findErr := exec.Find(argv[0])
 	held, err := acquire(client, name, f.timeout, sigs)
 	if stopLine != nil {
 		stopLine()
@@ -328,7 +333,12 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 	}
 	defer held.Release(context.Background())
 
-	proc, err := exec.Start(argv, commandEnv(name, held))
+	var proc *exec.Process
+	if findErr == nil {
+		proc, err = exec.StartFound(path, argv, commandEnv(name, held))
+	} else {
+		proc, err = exec.Start(argv, commandEnv(name, held))
+	}
 	if err != nil {
 		releaseOrWarn(context.Background(), held, log)
 		return 0, err

@@ -35,6 +35,22 @@ func Start(argv []string, env []string) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
+	return StartFound(path, argv, env)
+}
+
+// Find looks name up in PATH as Start does, with Start's errors. A caller
+// that waits before it starts its command (withlock, for its lock) finds it
+// first and starts it with StartFound, so that the start does not pay for
+// the search, as os/exec's Command searches before its Start.
+func Find(name string) (string, error) {
+	if name == "" {
+		return "", fmt.Errorf("%w: empty command", ErrNotFound)
+	}
+	return lookPath(name)
+}
+
+// StartFound is Start with argv[0] already found at path (Find).
+func StartFound(path string, argv []string, env []string) (*Process, error) {
 	p := &Process{
 		exited:  make(chan struct{}),
 		done:    make(chan struct{}),
