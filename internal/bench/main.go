@@ -36,7 +36,7 @@ import (
 
 const (
 	overheadRuns   = 40
-	handoffTrials  = 20
+	handoffTrials  = 50
 	contenders     = 16 // a crowd of deploy pods or cron hosts
 	acquisitions   = 25
 	npmAcquisition = 5 // per contender: the npm withlock costs ~0.3s a run
