@@ -12,17 +12,15 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
 // client speaks etcd's v3 API as JSON over HTTP: the gRPC gateway that
-// every member serves on its client port, under /v3/, since etcd 3.4; and
-// its transactions as gRPC itself over plain HTTP (grpc.go). It is a client
-// of the few requests the lock needs, written here so that withlock does
-// not link the official client: its gRPC, protobuf and zap packages
-// initialise themselves in every withlock process, whatever its backend
-// (docs/design.md).
+// every member serves on its client port, under /v3/, since etcd 3.4. It
+// is a client of the few requests the lock needs, written here so that
+// withlock does not link the official client: its gRPC, protobuf and zap
+// packages initialise themselves in every withlock process, whatever its
+// backend (docs/design.md).
 //
 // Keys and values are bytes, which encoding/json writes in base64, as the
 // gateway wants them; int64 fields are JSON strings (the ",string" tags).
@@ -37,8 +35,6 @@ type client struct {
 	endpoints      []string // base URLs: http(s)://HOST:PORT
 	user, password string
 	hc             *http.Client
-	h2             *http.Client // gRPC over h2c; nil over TLS (grpc.go)
-	noHTTP2        atomic.Bool  // an endpoint answered HTTP/2 in HTTP/1.1
 
 	mu    sync.Mutex
 	cur   int    // the endpoint that answered last: tried first
@@ -72,29 +68,12 @@ func newClient(endpoints []string, user, password string, tlsCfg *tls.Config) *c
 		IdleConnTimeout:     time.Minute,
 		DisableCompression:  true,
 	}
-	c := &client{endpoints: endpoints, user: user, password: password, hc: &http.Client{Transport: tr}}
-	if tlsCfg == nil {
-		h2 := &http.Transport{
-			Proxy:              nil,
-			DialContext:        d.DialContext,
-			IdleConnTimeout:    time.Minute,
-			DisableCompression: true,
-			Protocols:          new(http.Protocols),
-		}
-		h2.Protocols.SetUnencryptedHTTP2(true)
-		c.h2 = &http.Client{Transport: h2}
-	}
-	return c
+	return &client{endpoints: endpoints, user: user, password: password, hc: &http.Client{Transport: tr}}
 }
 
 // close drops the idle connections; requests in flight end with their
 // contexts.
-func (c *client) close() {
-	c.hc.CloseIdleConnections()
-	if c.h2 != nil {
-		c.h2.CloseIdleConnections()
-	}
-}
+func (c *client) close() { c.hc.CloseIdleConnections() }
 
 // serverError is an error etcd answered: its gRPC code and its message,
 // which is etcdserver's error text ("etcdserver: requested lease not
@@ -314,11 +293,8 @@ var resendable = map[string]bool{
 	"/v3/auth/authenticate":   true,
 }
 
-// send is one HTTP request, or a gRPC call if path is a gRPC method.
+// send is one HTTP request.
 func (c *client) send(ctx context.Context, ep int, path string, body []byte, header http.Header, token string) (*http.Response, error) {
-	if isGRPC(path) {
-		return c.sendGRPC(ctx, ep, path, body, token)
-	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoints[ep]+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
