@@ -28,10 +28,10 @@ import (
 // Errors wrap ErrNotFound or ErrNotExecutable when the command cannot be
 // run, and are prefixed "exec: " otherwise (fork failure).
 func Start(argv []string, env []string) (*Process, error) {
-	if len(argv) == 0 || argv[0] == "" {
+	if len(argv) == 0 {
 		return nil, fmt.Errorf("%w: empty command", ErrNotFound)
 	}
-	path, err := lookPath(argv[0])
+	path, err := Find(argv[0])
 	if err != nil {
 		return nil, err
 	}
