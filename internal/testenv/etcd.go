@@ -314,14 +314,13 @@ const EtcdEveryKey = "\x00"
 // the keys under prefix and nothing else: "" no key at all, EtcdEveryKey
 // every key. Users are made as root once authentication is on.
 func (e *Etcd) AddUser(name, password, prefix string) error {
-	c, err := e.Client()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err = c.UserAdd(ctx, name, password)
+	return e.admin("add etcd user "+name, func(ctx context.Context, c *clientv3.Client) error {
+		return addUser(ctx, c, name, password, prefix)
+	})
+}
+
+func addUser(ctx context.Context, c *clientv3.Client, name, password, prefix string) error {
+	_, err := c.UserAdd(ctx, name, password)
 	if err == nil && prefix != "" {
 		role, end := name+"-role", clientv3.GetPrefixRangeEnd(prefix)
 		if prefix == EtcdEveryKey {
@@ -334,8 +333,21 @@ func (e *Etcd) AddUser(name, password, prefix string) error {
 			_, err = c.UserGrantRole(ctx, name, role)
 		}
 	}
+	return err
+}
+
+// admin runs fn with a client of the server's (as root once authentication
+// is on), bounded by 30s; an error of fn says it failed at doing.
+func (e *Etcd) admin(doing string, fn func(context.Context, *clientv3.Client) error) error {
+	c, err := e.Client()
 	if err != nil {
-		return fmt.Errorf("testenv: add etcd user %s: %w", name, err)
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := fn(ctx, c); err != nil {
+		return fmt.Errorf("testenv: %s: %w", doing, err)
 	}
 	return nil
 }
@@ -346,22 +358,18 @@ func (e *Etcd) AddUser(name, password, prefix string) error {
 // root's token can run out in the middle of a set-up on a busy machine,
 // and the official client does not always fetch a new one.
 func (e *Etcd) EnableAuth(rootPassword string) error {
-	c, err := e.Client()
+	err := e.admin("enable etcd authentication", func(ctx context.Context, c *clientv3.Client) error {
+		_, err := c.UserAdd(ctx, "root", rootPassword)
+		if err == nil {
+			_, err = c.UserGrantRole(ctx, "root", "root")
+		}
+		if err == nil {
+			_, err = c.AuthEnable(ctx)
+		}
+		return err
+	})
 	if err != nil {
 		return err
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err = c.UserAdd(ctx, "root", rootPassword)
-	if err == nil {
-		_, err = c.UserGrantRole(ctx, "root", "root")
-	}
-	if err == nil {
-		_, err = c.AuthEnable(ctx)
-	}
-	if err != nil {
-		return fmt.Errorf("testenv: enable etcd authentication: %w", err)
 	}
 	e.Root = rootPassword
 	return nil
