@@ -1222,7 +1222,11 @@ func kubeScript(e *testscript.Env, k *testenv.Kube, n int) (string, server, erro
 		return "", nil, err
 	}
 	target := strings.TrimPrefix(k.URL, "https://")
-	p, err := faultproxy.Start(target)
+	port, err := testenv.FreePort() // Start opens it again: not an ephemeral one
+	if err != nil {
+		return "", nil, err
+	}
+	p, err := faultproxy.StartAt(fmt.Sprintf("127.0.0.1:%d", port), target)
 	if err != nil {
 		return "", nil, err
 	}

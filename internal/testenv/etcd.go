@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -123,13 +122,11 @@ func StartEtcdCluster(n int, opts ...EtcdOptions) ([]*Etcd, error) {
 		}
 	}
 	for i := range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+		var err error
+		if ports[i], err = FreePort(); err != nil {
 			closeProxies()
-			return nil, fmt.Errorf("testenv: %w", err)
+			return nil, err
 		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		l.Close()
 		advertised[i] = fmt.Sprintf("http://127.0.0.1:%d", ports[i])
 		if o.PeerProxies {
 			if proxies[i], err = faultproxy.Start(fmt.Sprintf("127.0.0.1:%d", ports[i])); err != nil {
@@ -186,13 +183,14 @@ func startEtcdMember(o EtcdOptions, name string, peerPort int, advertised, initi
 			return nil, err
 		}
 	}
+	if peerPort == 0 { // the member's data names its peer URL: one for good
+		if peerPort, err = FreePort(); err != nil {
+			proc.Close()
+			return nil, err
+		}
+	}
 	e := &Etcd{proc: proc, Version: o.Version}
 	proc.command = func() *exec.Cmd {
-		if peerPort == 0 { // the member's data names its peer URL: one for good
-			l, _ := net.Listen("tcp", "127.0.0.1:0")
-			peerPort = l.Addr().(*net.TCPAddr).Port
-			l.Close()
-		}
 		client := e.clientURL()
 		peer := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
 		if advertised == "" {
@@ -229,7 +227,7 @@ func startEtcdMember(o EtcdOptions, name string, peerPort int, advertised, initi
 		}
 		return err
 	}
-	if err := proc.launch(false); err != nil {
+	if err := proc.launch(); err != nil {
 		return nil, err
 	}
 	e.Endpoint = e.addr()

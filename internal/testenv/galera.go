@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"testing"
@@ -91,16 +90,14 @@ func (m *MariaDB) WaitStatus(name, value string) error {
 	return fmt.Errorf("testenv: %s of the MariaDB on port %d is not %s after a minute (last: %q, %v)", name, m.Port, value, last, err)
 }
 
-// freePorts returns n ports of 127.0.0.1 that were free a moment ago.
+// freePorts returns n ports as FreePort does.
 func freePorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("testenv: %w", err)
+	ports := make([]int, n)
+	for i := range ports {
+		var err error
+		if ports[i], err = FreePort(); err != nil {
+			return nil, err
 		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
 }

@@ -110,7 +110,7 @@ func StartKube() (*Kube, error) {
 			"--feature-gates=CoordinatedLeaderElection=true", "--runtime-config=coordination.k8s.io/v1beta1=true")
 	}
 	p.ready = func() error { return k.do(context.Background(), k.AdminToken, "GET", "/readyz", nil, nil) }
-	if err := p.launch(false); err != nil {
+	if err := p.launch(); err != nil {
 		return fail(err)
 	}
 	return k, nil

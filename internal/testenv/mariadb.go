@@ -106,7 +106,7 @@ func StartMariaDB(opts ...MariaDBOptions) (*MariaDB, error) {
 		_, err := MySQLExec(ctx, m.URL, "select 1")
 		return err
 	}
-	if err := proc.launch(false); err != nil {
+	if err := proc.launch(); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 )
@@ -54,16 +53,12 @@ func StartMongo(opts ...MongoOptions) (*Mongo, error) {
 		cmd.Stdin = keepOpen() // it exits when its stdin ends
 		return cmd
 	}
-	// Port 0 at first: the server picks a free one and writes it to its
-	// ready file once it listens, so there is no race for the port.
+	// It writes its ready file once it listens.
 	proc.ready = func() error {
-		b, err := os.ReadFile(ready)
-		if err == nil {
-			m.Port, err = strconv.Atoi(strings.TrimSpace(string(b)))
-		}
+		_, err := os.Stat(ready)
 		return err
 	}
-	if err := proc.launch(true); err != nil {
+	if err := proc.launch(); err != nil {
 		return nil, err
 	}
 	m.URL = "mongodb://" + m.addr() + "/"

@@ -46,7 +46,7 @@ func StartPostgres() (*Postgres, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.launch(false); err != nil {
+	if err := p.launch(); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -191,7 +191,7 @@ func (p *Postgres) StartStandby() (*Postgres, error) {
 		s.Close()
 		return nil, err
 	}
-	if err := s.launch(false); err != nil {
+	if err := s.launch(); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -281,7 +281,7 @@ func StartPgBouncer(serverURL, mode string, pool int, settings ...string) (*PgBo
 		}
 		return err
 	}
-	if err := proc.launch(false); err != nil {
+	if err := proc.launch(); err != nil {
 		return nil, err
 	}
 	u, q := *server, server.Query()

@@ -120,7 +120,7 @@ func StartRedis(opts ...RedisOptions) (*Redis, error) {
 		_, err := RedisDo(ctx, r.URL, "PING")
 		return err
 	}
-	if err := proc.launch(false); err != nil {
+	if err := proc.launch(); err != nil {
 		return nil, err
 	}
 	if o.Cluster {

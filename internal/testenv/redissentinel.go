@@ -86,7 +86,7 @@ func StartRedisSentinel(opts ...RedisOptions) (*RedisSentinel, error) {
 			_, err := RedisDo(ctx, fmt.Sprintf("redis://%s", p.addr()), "PING")
 			return err
 		}
-		if err := p.launch(false); err != nil {
+		if err := p.launch(); err != nil {
 			s.Close()
 			return nil, err
 		}

@@ -21,6 +21,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -167,20 +169,14 @@ func (p *proc) start() error {
 
 var errPortInUse = errors.New("port in use")
 
-// launch starts the server for the first time, on a free port unless
-// ownPort (the server picks one and its ready sets Port), trying another if
-// someone took it between our probe and the server's bind. If it fails, it
-// closes p.
-func (p *proc) launch(ownPort bool) (err error) {
+// launch starts the server for the first time, on a free port (FreePort),
+// trying another if something outside the tests took it between our probe
+// and the server's bind. If it fails, it closes p.
+func (p *proc) launch() (err error) {
 	for attempt := 0; err == nil || attempt < 5 && errors.Is(err, errPortInUse); attempt++ {
-		if !ownPort {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				p.Close()
-				return fmt.Errorf("testenv: %w", err)
-			}
-			p.Port = l.Addr().(*net.TCPAddr).Port
-			l.Close()
+		if p.Port, err = FreePort(); err != nil {
+			p.Close()
+			return err
 		}
 		if err = p.start(); err == nil {
 			return nil
@@ -188,6 +184,59 @@ func (p *proc) launch(ownPort bool) (err error) {
 	}
 	p.Close()
 	return err
+}
+
+// Servers' ports come from [portsFrom, portsTo): below the kernel's
+// ephemeral range (32768 and up unless configured otherwise), where the
+// local ports of outgoing connections and of listeners on port 0 (fault
+// proxies, tests' own listeners) come from. So none of those can take a
+// stopped server's port before it starts again, on the same port, as its
+// data and the tests' URLs expect. A Redis Cluster node's bus port, its
+// port + 10000, stays below that range too.
+const portsFrom, portsTo = 10000, 20000
+
+// FreePort returns a port of 127.0.0.1 that was free a moment ago and is
+// no other server's: a test process reserves each port it hands out, for as
+// long as it lives, with a lock on byte PORT of one file that every test
+// process shares (os.TempDir()/withlock-testenv-ports), so that two test
+// binaries running at once never pick the same one.
+func FreePort() (int, error) {
+	ports.Lock()
+	defer ports.Unlock()
+	if ports.file == nil {
+		// Opened once and never closed: closing any descriptor of the
+		// file would drop every lock this process holds on it.
+		f, err := os.OpenFile(filepath.Join(os.TempDir(), "withlock-testenv-ports"), os.O_RDWR|os.O_CREATE, 0o666)
+		if err != nil {
+			return 0, fmt.Errorf("testenv: %w", err)
+		}
+		ports.file, ports.mine = f, map[int]bool{}
+	}
+	first := rand.IntN(portsTo - portsFrom)
+	for i := range portsTo - portsFrom {
+		port := portsFrom + (first+i)%(portsTo-portsFrom)
+		if ports.mine[port] { // fcntl locks never conflict within a process
+			continue
+		}
+		lk := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: io.SeekStart, Start: int64(port), Len: 1}
+		if syscall.FcntlFlock(ports.file.Fd(), syscall.F_SETLK, &lk) != nil {
+			continue // another test process's
+		}
+		ports.mine[port] = true
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue // in use by something else: stays reserved, unused
+		}
+		l.Close()
+		return port, nil
+	}
+	return 0, fmt.Errorf("testenv: no free port of 127.0.0.1 between %d and %d", portsFrom, portsTo)
+}
+
+var ports struct {
+	sync.Mutex
+	file *os.File
+	mine map[int]bool // reserved by this process
 }
 
 func (p *proc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.Port)) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -199,4 +200,85 @@ func TestKube(t *testing.T) {
 		}
 	}
 	checkLifecycle(t, k.proc, func(ctx context.Context) error { return k.do(ctx, k.AdminToken, "GET", "/readyz", nil, nil) })
+}
+
+// TestFreePort: the ports handed out are distinct, free, below the
+// ephemeral range, and reserved against every other test process for as
+// long as the one that took them lives.
+func TestFreePort(t *testing.T) {
+	if out := os.Getenv("TESTENV_PORTS"); out != "" {
+		var ports []string
+		for range 20 {
+			port, err := FreePort()
+			if err != nil {
+				os.Exit(1)
+			}
+			ports = append(ports, fmt.Sprint(port))
+		}
+		os.WriteFile(out, []byte(strings.Join(ports, " ")), 0o644)
+		select {}
+	}
+	out := filepath.Join(t.TempDir(), "ports")
+	child := exec.Command(os.Args[0], "-test.run=^TestFreePort$")
+	child.Env = append(os.Environ(), "TESTENV_PORTS="+out)
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Wait()
+	defer child.Process.Kill()
+	var theirs []int
+	WaitFor(t, "the child to reserve its ports", func() bool {
+		b, _ := os.ReadFile(out)
+		theirs = nil
+		for _, f := range strings.Fields(string(b)) {
+			var port int
+			fmt.Sscan(f, &port)
+			theirs = append(theirs, port)
+		}
+		return len(theirs) == 20
+	})
+	lockedBy := func(port int) int32 { // the pid holding port's byte, 0: none
+		f, err := os.Open(filepath.Join(os.TempDir(), "withlock-testenv-ports"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close() // drops nothing: this process holds no lock through f
+		lk := syscall.Flock_t{Type: syscall.F_RDLCK, Start: int64(port), Len: 1}
+		if err := syscall.FcntlFlock(f.Fd(), syscall.F_GETLK, &lk); err != nil {
+			t.Fatal(err)
+		}
+		if lk.Type == syscall.F_UNLCK {
+			return 0
+		}
+		return lk.Pid
+	}
+	for _, port := range theirs {
+		if pid := lockedBy(port); pid != int32(child.Process.Pid) {
+			t.Errorf("port %d: reserved by pid %d, want the child's, %d", port, pid, child.Process.Pid)
+		}
+	}
+	seen := map[int]bool{}
+	for _, port := range theirs {
+		seen[port] = true
+	}
+	for range 500 {
+		port, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[port] || port < portsFrom || port >= portsTo {
+			t.Fatalf("FreePort gave %d: taken already, or outside [%d, %d)", port, portsFrom, portsTo)
+		}
+		seen[port] = true
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			t.Fatalf("FreePort gave %d, not free: %v", port, err)
+		}
+		l.Close()
+	}
+	child.Process.Kill()
+	child.Wait()
+	if pid := lockedBy(theirs[0]); pid != 0 {
+		t.Errorf("port %d still reserved by pid %d after the child died", theirs[0], pid)
+	}
 }
