@@ -166,10 +166,15 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 		suspended := h.guardKeep(kctx, cancel, lastOK, life, slice)
 		err := h.lease.Keep(kctx)
 		cancel()
-		if suspended() && !errors.Is(err, ErrLost) {
-			// The host slept past the deadline while the Keep was in
-			// flight. The Keep may have been applied before it slept, so
-			// the lease may still be ours: Release tries once.
+		// A Keep that ran out of time returns at its deadline, give or take
+		// the scheduler; one that fails far past it was frozen through it,
+		// by a stop (SIGSTOP, a paused VM) that both clocks saw.
+		stopped := err != nil && lastOK.to(clk.now())-life > max(slice, life/2)
+		if (suspended() || stopped) && !errors.Is(err, ErrLost) {
+			// The host slept, or the process was stopped, past the
+			// deadline while the Keep was in flight. The Keep may have
+			// been applied before that, so the lease may still be ours:
+			// Release tries once.
 			h.unanswered = true
 			h.giveUp(Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", life.Round(time.Millisecond), lastOK.to(clk.now()).Round(time.Millisecond)))
 			return

@@ -697,3 +697,27 @@ func TestGraceCloseToTTL(t *testing.T) {
 	default:
 	}
 }
+
+// TestStoppedDuringKeep: a Keep in flight when the process was stopped
+// (both clocks moved) fails at its deadline once it runs again; the lock is
+// given up as one that withlock did not run to keep, not as a check that
+// went unanswered.
+func TestStoppedDuringKeep(t *testing.T) {
+	t.Parallel()
+	l := stuckLease{&fakeLease{}, make(chan struct{}, 1)}
+	clk := &lock.TestClock{}
+	h := hold(t, l, lock.WithClock(lock.Options{TTL: 3 * time.Second, Grace: time.Second}, clk))
+	select {
+	case <-l.inKeep:
+	case <-time.After(long):
+		t.Fatalf("no Keep within %v", long)
+	}
+	clk.Stop(time.Minute)
+	waitLost(t, h)
+	if err := h.Err(); !errors.Is(err, lock.ErrLost) || !strings.Contains(err.Error(), "did not run for 1m") || !strings.Contains(err.Error(), "stopped or suspended?") {
+		t.Errorf("Err: %v; want an error matching lock.ErrLost that says withlock did not run for a minute", err)
+	}
+	if n := l.keeps.Load(); n != 1 {
+		t.Errorf("Keep called %d times; want none after the one in flight", n)
+	}
+}
