@@ -12,15 +12,17 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // client speaks etcd's v3 API as JSON over HTTP: the gRPC gateway that
-// every member serves on its client port, under /v3/, since etcd 3.4. It
-// is a client of the few requests the lock needs, written here so that
-// withlock does not link the official client: its gRPC, protobuf and zap
-// packages initialise themselves in every withlock process, whatever its
-// backend (docs/design.md).
+// every member serves on its client port, under /v3/, since etcd 3.4; and
+// its transactions as gRPC itself over plain HTTP (grpc.go). It is a client
+// of the few requests the lock needs, written here so that withlock does
+// not link the official client: its gRPC, protobuf and zap packages
+// initialise themselves in every withlock process, whatever its backend
+// (docs/design.md).
 //
 // Keys and values are bytes, which encoding/json writes in base64, as the
 // gateway wants them; int64 fields are JSON strings (the ",string" tags).
@@ -35,6 +37,9 @@ type client struct {
 	endpoints      []string // base URLs: http(s)://HOST:PORT
 	user, password string
 	hc             *http.Client
+	h2             *http.Client // gRPC over h2c; nil over TLS (grpc.go)
+	h2Conns        *h2Pool      // h2's connections
+	noHTTP2        atomic.Bool  // an endpoint answered HTTP/2 in HTTP/1.1
 
 	mu    sync.Mutex
 	cur   int    // the endpoint that answered last: tried first
@@ -68,12 +73,21 @@ func newClient(endpoints []string, user, password string, tlsCfg *tls.Config) *c
 		IdleConnTimeout:     time.Minute,
 		DisableCompression:  true,
 	}
-	return &client{endpoints: endpoints, user: user, password: password, hc: &http.Client{Transport: tr}}
+	c := &client{endpoints: endpoints, user: user, password: password, hc: &http.Client{Transport: tr}}
+	if tlsCfg == nil {
+		c.h2, c.h2Conns = newH2(d.DialContext)
+	}
+	return c
 }
 
 // close drops the idle connections; requests in flight end with their
 // contexts.
-func (c *client) close() { c.hc.CloseIdleConnections() }
+func (c *client) close() {
+	c.hc.CloseIdleConnections()
+	if c.h2 != nil {
+		c.h2Conns.closeIdle()
+	}
+}
 
 // serverError is an error etcd answered: its gRPC code and its message,
 // which is etcdserver's error text ("etcdserver: requested lease not
@@ -293,8 +307,11 @@ var resendable = map[string]bool{
 	"/v3/auth/authenticate":   true,
 }
 
-// send is one HTTP request.
+// send is one HTTP request, or a gRPC call if path is a gRPC method.
 func (c *client) send(ctx context.Context, ep int, path string, body []byte, header http.Header, token string) (*http.Response, error) {
+	if isGRPC(path) {
+		return c.sendGRPC(ctx, ep, path, body, token)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoints[ep]+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err

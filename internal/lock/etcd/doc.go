@@ -2,7 +2,8 @@
 // (go.etcd.io/etcd/client/v3/concurrency), on the keys `etcdctl lock NAME`
 // uses, so that the two tools exclude each other on the same NAME. It
 // speaks to etcd through a small client of its own over etcd's JSON
-// gateway (client.go), not the official client.
+// gateway (client.go), and sends its transactions as gRPC calls when the
+// endpoints are plain HTTP (grpc.go), not through the official client.
 //
 // Each holder and each waiter has a lease of --ttl and a key NAME/<lease ID
 // in lower-case hex> attached to it, put only if absent. The keys of NAME,
@@ -28,7 +29,8 @@
 // its lease alive with a loop of its own).
 //
 // Besides the files every backend has, client.go is the HTTP transport to
-// etcd's JSON gateway, wire.go the v3 API's messages and requests, and
+// etcd's JSON gateway, wire.go the v3 API's messages and requests, grpc.go
+// and proto.go the transactions' gRPC call and protobuf messages, and
 // queue.go the queue's model: the keys of NAME, their records, and which
 // of them hold (judge).
 package etcd

@@ -1011,3 +1011,39 @@ func TestWaitFollowsTheQueue(t *testing.T) {
 		t.Errorf("the wait of a waiter whose key was deleted: %v; want ErrHeld", err)
 	}
 }
+
+// Behind a proxy that speaks only HTTP/1.1, which answers the first
+// transaction's HTTP/2 with an HTTP/1.1 error, the transactions go through
+// the gateway: the lock is taken, excludes, and is released, and the
+// proxy sees them as JSON.
+func TestHTTP1OnlyProxy(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	target, _ := url.Parse("http://" + e.Endpoint)
+	forward := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	seen := map[string]int{}
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen[r.URL.Path]++
+		mu.Unlock()
+		forward.ServeHTTP(w, r)
+	}))
+	defer proxy.Close()
+	name := locktest.Name(t)
+	b := locktest.Open(t, "etcd://"+strings.TrimPrefix(proxy.URL, "http://"), lock.Options{})
+	h, err := b.Acquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatalf("through an HTTP/1.1 proxy: %v", err)
+	}
+	if _, err := locktest.Open(t, e.URL, lock.Options{NoWait: true}).Acquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("a second holder beside the first: %v; want ErrHeld", err)
+	}
+	if err := h.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if seen["/v3/kv/txn"] < 2 {
+		t.Errorf("the proxy saw %v; want the take and the release as /v3/kv/txn", seen)
+	}
+}

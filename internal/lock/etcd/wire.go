@@ -161,11 +161,6 @@ func (c *client) get(ctx context.Context, r *rangeRequest) (*rangeResponse, erro
 	return &resp, c.do(ctx, "/v3/kv/range", r, &resp)
 }
 
-func (c *client) txn(ctx context.Context, r *txnRequest) (*txnResponse, error) {
-	var resp txnResponse
-	return &resp, c.do(ctx, "/v3/kv/txn", r, &resp)
-}
-
 func (c *client) grant(ctx context.Context, ttl int64) (int64, error) {
 	var resp leaseResponse
 	if err := c.do(ctx, "/v3/lease/grant", leaseRequest{TTL: ttl}, &resp); err != nil {
