@@ -48,6 +48,9 @@ type Etcd struct {
 	// goes through it (this member's own connections to its peers go
 	// through theirs). Close closes it.
 	PeerProxy *faultproxy.Proxy
+
+	name, peerURL string // the member's, as its cluster knows it
+	httpURL       string // where it serves /health and /metrics, if not on its client port
 }
 
 // EtcdCertCN is the Common Name of the certificate a server with TLS
@@ -70,6 +73,9 @@ type EtcdOptions struct {
 	// or one of EtcdVersions, built from the Go module proxy
 	// (internal/testenv/etcd35 and its siblings) into the user's cache.
 	Version string
+	// Flags are more of etcd's flags, after testenv's own
+	// (--enable-grpc-gateway=false, say).
+	Flags []string
 	// JWTTTL, if not 0, makes the server's auth tokens JWTs (RS256, a key
 	// pair of the server's own) that expire after JWTTTL; else they are
 	// simple tokens, which live in the server's memory alone. Either only
@@ -189,13 +195,17 @@ func startEtcdMember(o EtcdOptions, name string, peerPort int, advertised, initi
 			return nil, err
 		}
 	}
-	e := &Etcd{proc: proc, Version: o.Version}
+	e := &Etcd{proc: proc, Version: o.Version, name: name}
+	if i := slices.Index(o.Flags, "--listen-client-http-urls"); i >= 0 && i+1 < len(o.Flags) {
+		e.httpURL = o.Flags[i+1]
+	}
 	proc.command = func() *exec.Cmd {
 		client := e.clientURL()
 		peer := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
 		if advertised == "" {
 			advertised = peer
 		}
+		e.peerURL = advertised
 		cluster := initialCluster
 		if cluster == "" {
 			cluster = name + "=" + peer
@@ -208,6 +218,7 @@ func startEtcdMember(o EtcdOptions, name string, peerPort int, advertised, initi
 			cmd.Args = cmd.Args[:len(cmd.Args)-4]
 		}
 		cmd.Args = append(cmd.Args, jwt...)
+		cmd.Args = append(cmd.Args, o.Flags...)
 		if o.TLS && o.ClientCertAuth {
 			cmd.Args = append(cmd.Args, "--client-cert-auth", "--trusted-ca-file", "ca.crt")
 		}
@@ -235,6 +246,86 @@ func startEtcdMember(o EtcdOptions, name string, peerPort int, advertised, initi
 	if o.TLS {
 		e.URL = "etcds://" + e.Endpoint + "?cacert=" + e.CertFile
 	}
+	return e, nil
+}
+
+// StartEtcdLearner adds a new member to the cluster of members as a
+// learner (etcdctl member add --learner), starts it with o, and returns it
+// once it serves.
+func StartEtcdLearner(members []*Etcd, o EtcdOptions) (*Etcd, error) {
+	peerPort, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	peer := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	name := fmt.Sprintf("learner%d", peerPort)
+	cluster := []string{name + "=" + peer}
+	// A cluster takes a new member only once its members have been
+	// connected to each other for a while ("unhealthy cluster" before).
+	err = members[0].admin("add a learner", func(ctx context.Context, c *clientv3.Client) error {
+		for {
+			_, err := c.MemberAddAsLearner(ctx, []string{peer})
+			if err == nil || !strings.Contains(err.Error(), "unhealthy cluster") {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range members {
+		cluster = append(cluster, m.name+"="+m.peerURL)
+	}
+	o.Flags = append(o.Flags, "--initial-cluster-state", "existing")
+	l, err := startEtcdMember(o, name, peerPort, peer, strings.Join(cluster, ","))
+	if err != nil {
+		return nil, err
+	}
+	l.Root = members[0].Root
+	return l, nil
+}
+
+// StartEtcdGRPCProxy starts `etcd grpc-proxy start` of release version (""
+// the system's) in front of endpoints (HOST:PORT), on a free port, and
+// returns it once a read through it is answered. Its Endpoint is the
+// proxy's; Stop, Start and the rest apply to the proxy.
+func StartEtcdGRPCProxy(version string, endpoints []string) (*Etcd, error) {
+	bin, err := etcdBinary(version)
+	if err != nil {
+		return nil, err
+	}
+	proc, err := newProc(os.TempDir(), "etcd-grpc-proxy", nil, false)
+	if err != nil {
+		return nil, err
+	}
+	e := &Etcd{proc: proc, Version: version}
+	proc.command = func() *exec.Cmd {
+		return exec.Command(bin, "grpc-proxy", "start", "--endpoints", strings.Join(endpoints, ","), "--listen-addr", e.addr())
+	}
+	proc.ready = func() error {
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{e.addr()}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err = c.Get(ctx, "health")
+		if err != nil && strings.Contains(err.Error(), "user name is empty") {
+			err = nil // authentication is on: the proxy serves
+		}
+		return err
+	}
+	if err := proc.launch(); err != nil {
+		return nil, err
+	}
+	e.Endpoint = e.addr()
+	e.URL = "etcd://" + e.Endpoint
 	return e, nil
 }
 
@@ -283,7 +374,11 @@ func (e *Etcd) clientURL() string {
 func (e *Etcd) get(path string) (string, error) {
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: e.tlsConfig()}}
 	defer c.CloseIdleConnections()
-	resp, err := c.Get(e.clientURL() + path)
+	base := e.clientURL()
+	if e.httpURL != "" {
+		base = e.httpURL
+	}
+	resp, err := c.Get(base + path)
 	if err != nil {
 		return "", err
 	}
