@@ -9,9 +9,11 @@ LDFLAGS := -s -w -X github.com/withlock/withlock/cmd.version=$(VERSION) \
 
 .PHONY: build test test-race test-e2e test-release lint deps bench stress dist image
 
-# A static binary: no libc, runs in any container image.
+# A static binary: no libc, runs in any container image. grpcnotrace keeps
+# gRPC's request tracing (golang.org/x/net/trace and what it links) out of
+# the etcd client: withlock never serves its pages.
 build:
-	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o withlock .
+	CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags '$(LDFLAGS)' -o withlock .
 
 # Everything, against real servers, with the race detector; then the
 # release module's tests (they need Go modules only, not goreleaser).

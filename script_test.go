@@ -1039,8 +1039,9 @@ func cmdSleep(ts *testscript.TestScript, neg bool, args []string) {
 // waiters NAME N waits (up to 30s) until N withlock processes wait for NAME
 // on the server: on Redis, until N clients subscribe to NAME's release
 // channel, which a waiter does after its first attempt found NAME held; on
-// etcd, until the script's server has N watches open (a waiter of withlock
-// or etcdctl lock watches the key before its own), whatever their NAME.
+// etcd, until the script's server has N watches open, whatever their NAME:
+// a waiter of withlock or etcdctl lock watches the key before its own, and
+// a withlock holder its own key, so N counts those holders too.
 func cmdWaiters(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 2 {
 		ts.Fatalf("usage: waiters NAME N")

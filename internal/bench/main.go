@@ -100,7 +100,7 @@ func run() error {
 	wl := *binary
 	if wl == "" {
 		wl = filepath.Join(work, "withlock")
-		build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", wl, ".")
+		build := exec.Command("go", "build", "-tags", "grpcnotrace", "-trimpath", "-ldflags", "-s -w", "-o", wl, ".")
 		build.Dir = filepath.Join("..", "..") // the product, from internal/bench
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		build.Stderr = os.Stderr

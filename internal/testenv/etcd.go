@@ -305,7 +305,9 @@ func StartEtcdGRPCProxy(version string, endpoints []string) (*Etcd, error) {
 	}
 	e := &Etcd{proc: proc, Version: version}
 	proc.command = func() *exec.Cmd {
-		return exec.Command(bin, "grpc-proxy", "start", "--endpoints", strings.Join(endpoints, ","), "--listen-addr", e.addr())
+		// The proxy of etcd 3.5 and later connects to its own advertised
+		// address, and exits when nothing answers there.
+		return exec.Command(bin, "grpc-proxy", "start", "--endpoints", strings.Join(endpoints, ","), "--listen-addr", e.addr(), "--advertise-client-url", e.addr())
 	}
 	proc.ready = func() error {
 		c, err := clientv3.New(clientv3.Config{Endpoints: []string{e.addr()}, DialTimeout: time.Second, Logger: zap.NewNop()})

@@ -1,12 +1,14 @@
 package etcd
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"slices"
-	"strings"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/withlock/withlock/internal/lock"
 )
@@ -16,25 +18,26 @@ var _ lock.Waiter = (*backend)(nil)
 // enqueue takes a lease and puts name's key for it, as Mutex.TryLock does,
 // and returns the lease, the queue and the key's place in it.
 func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, int, error) {
-	c := b.c
-	cctx, cancel := call(ctx)
+	cctx, cancel := b.call(ctx)
 	defer cancel()
+	c, err := b.conn(cctx)
+	if err != nil {
+		return nil, nil, 0, err
+	}
 	for len(b.orphans) > 0 {
-		if err := c.revoke(cctx, b.orphans[0]); err != nil && !is(err, msgLeaseNotFound) {
-			return nil, nil, 0, b.classify(err)
+		if err := b.revoke(cctx, b.orphans[0]); err != nil {
+			return nil, nil, 0, err
 		}
 		b.orphans = b.orphans[1:]
 	}
 	sent := time.Now()
-	id, err := c.grant(cctx, b.ttl)
+	g, err := c.Grant(cctx, b.ttl)
 	if err != nil {
 		return nil, nil, 0, b.classify(err)
 	}
-	l := &lease{b: b, c: c, name: name, id: id, key: Key(name, id), renewedAt: sent}
-	resp, err := c.txn(cctx, &txnRequest{
-		Compare: []compare{createRevisionIs(l.key, 0)},
-		Success: []requestOp{{Put: &putRequest{Key: []byte(l.key), Value: []byte(b.record()), Lease: id}}, b.getQueue(name)},
-	})
+	l := &lease{b: b, name: name, id: g.ID, key: Key(name, int64(g.ID)), renewedAt: sent}
+	resp, err := c.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
+		Then(clientv3.OpPut(l.key, b.record(), clientv3.WithLease(g.ID)), getQueue(name)).Commit()
 	if err != nil {
 		l.drop(ctx)
 		return nil, nil, 0, b.classify(err)
@@ -45,7 +48,7 @@ func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, in
 		return nil, nil, 0, lock.Errorf(lock.ErrRefused, "etcd at %s: the key %s of a new lease already exists", b.addr, l.key)
 	}
 	l.rev, l.seen = resp.Header.Revision, resp.Header.Revision
-	q, i, err := l.place(rangeAt(resp, 1))
+	q, i, err := l.place(resp.Responses[1].GetResponseRange().GetKvs())
 	if err != nil {
 		l.drop(ctx)
 		return nil, nil, 0, err
@@ -53,31 +56,37 @@ func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, in
 	return l, q, i, nil
 }
 
-// place returns the queue in kvs and l's place in it, and notes whether
-// kvs had a latent key before l's.
-func (l *lease) place(kvs []*keyValue) ([]entry, int, error) {
-	prefix := Prefix(l.name)
-	l.latent = slices.ContainsFunc(kvs, func(kv *keyValue) bool {
-		return kv.CreateRevision < l.rev && kv.Lease == 0 && strings.HasPrefix(string(kv.Key), prefix) && lockID(string(kv.Key[len(prefix):]))
-	})
+// place returns the queue in kvs and l's place in it.
+func (l *lease) place(kvs []*mvccpb.KeyValue) ([]entry, int, error) {
 	q := queue(l.name, kvs)
 	for i, e := range q {
 		if e.key == l.key && e.rev == l.rev {
 			return q, i, nil
 		}
 	}
-	return nil, 0, lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's key %s was deleted (its lease expired or was revoked)", l.b.addr, l.key)
+	return nil, 0, l.deleted()
+}
+
+// deleted is the end of a wait whose key is gone: an error wrapping
+// lock.ErrHeld, as for a lock that others still hold.
+func (l *lease) deleted() error {
+	return lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's key %s was deleted (its lease expired or was revoked)", l.b.addr, l.key)
 }
 
 // TryAcquire puts name's key and keeps it if it holds the lock; otherwise
 // it revokes the lease, which deletes the key.
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
+	if l := b.waiting; l != nil {
+		b.waiting = nil
+		l.drop(ctx)
+	}
 	l, q, i, err := b.enqueue(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	holds, _, err := judge(name, q, i)
 	if err == nil && holds {
+		l.held()
 		return l, nil
 	}
 	l.drop(ctx)
@@ -87,217 +96,156 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	return nil, lock.ErrHeld
 }
 
-// Acquire waits in name's queue until its key holds the lock. It watches
-// name's keys from the revision at which it read the queue, and keeps its
-// copy of the keys before its own up to date from the watch's events
-// (waitTurn), so that the delete that hands the lock over is enough to take
-// it, with no read after it. Meanwhile it renews its lease every
-// lock.Options.KeepInterval, since a waiter's key must live as long as it
-// waits; a renewal that fails ends the wait with its error. When ctx ends
-// or anything fails, the lease is revoked, which deletes the key. The
-// moment it returns with the lease is the lease's last renewal, from which
-// the lock's life counts (lock.Waiter).
+// Acquire waits in name's queue until its key holds the lock, as etcd's
+// own recipe does: it watches the one earlier key whose deletion it waits
+// for (judge), from the revision at which it read the queue, so that a
+// release wakes one waiter, not all; then it reads the queue again, in one
+// transaction that also checks that its own key is still there (a watch of
+// another key cannot say so). Meanwhile it renews its lease every
+// lock.Options.KeepInterval and reads the queue again after each renewal,
+// since a waiter's key must live as long as it waits and a watch may say
+// nothing for a while (a member stopping, a proxy that holds events
+// back).
+//
+// When ctx ends or the lock cannot be had, the lease is revoked, which
+// deletes the key. When the server cannot be reached, the key is kept,
+// with its place in the queue, for the next Acquire of the same name (the
+// wait loop's next attempt), as long as its lease lasts. The moment it
+// returns with the lease is the lease's last renewal, from which the
+// lock's life counts (lock.Waiter).
 func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, time.Time, error) {
-	l, q, i, err := b.enqueue(ctx, name)
+	l, q, i, err := b.resume(ctx, name)
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	holds, _, err := judge(name, q, i)
+	holds, wait, err := judge(name, q, i)
 	waited := false
 	for err == nil && !holds {
 		waited = true
-		var reread bool
-		q, i, reread, err = l.waitTurn(ctx, q, i)
-		if err == nil && reread {
-			q, i, err = l.requeue(ctx)
-		}
+		q, i, err = l.waitTurn(ctx, q, i, wait)
 		if err == nil {
-			holds, _, err = judge(name, q, i)
+			holds, wait, err = judge(name, q, i)
 		}
 	}
 	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, lock.ErrUnavailable) {
+			b.waiting = l
+			return nil, time.Time{}, err
+		}
 		l.drop(ctx)
 		if ctx.Err() != nil {
 			return nil, time.Time{}, context.Cause(ctx)
 		}
 		return nil, time.Time{}, err
 	}
+	l.held()
 	if waited {
 		go l.stamp()
 	}
 	return l, l.renewedAt, nil
 }
 
-// waitTurn watches name's keys from the revision after the one at which q
-// was read, until its events show that q[i], l's key, holds the lock (or
-// that judge refuses the queue: a semaphore of another N). Only
-// the keys before l's own decide that (judge), and no key can join them
-// after the read (a new key's create revision is higher than l's), so the
-// events keep that part of the queue exact: a deletion takes a key out, a
-// put of an earlier key (a record rewritten, a lease attached by hand)
-// writes it again. A deletion of l's own key ends the wait, as a lease that
-// ran out does. The revision of the event that lets l's key hold is one at
-// which no earlier key was left and l's own was there: the same proof as a
-// read at that revision, without its round trip.
-//
-// It returns the queue as the events left it, l's place in it, and reread
-// when the events cannot tell (the revision was compacted, or a count of
-// the earlier keys, made after each renewal, disagrees with the copy: a
-// watch that stays open but says nothing, as behind a proxy that holds the
-// stream's answers back, delays a waiter by one renewal interval at most,
-// not forever).
-func (l *lease) waitTurn(ctx context.Context, q []entry, i int) ([]entry, int, bool, error) {
-	q = slices.Clone(q[:i+1]) // the keys after l's own do not matter
+// resume returns the key that a wait cut short by the server's
+// unavailability kept, with the queue read again, if it is name's and is
+// still there; else a new one (enqueue).
+func (b *backend) resume(ctx context.Context, name string) (*lease, []entry, int, error) {
+	l := b.waiting
+	b.waiting = nil
+	if l == nil {
+		return b.enqueue(ctx, name)
+	}
+	if l.name != name {
+		l.drop(ctx)
+		return b.enqueue(ctx, name)
+	}
+	q, i, err := l.requeue(ctx)
+	switch {
+	case err == nil:
+		return l, q, i, nil
+	case errors.Is(err, lock.ErrUnavailable) && ctx.Err() == nil:
+		b.waiting = l
+		return nil, nil, 0, err
+	case errors.Is(err, lock.ErrHeld):
+		// The key is gone (its lease ran out while the server could not
+		// be reached): queue again.
+		l.drop(ctx)
+		return b.enqueue(ctx, name)
+	}
+	l.drop(ctx)
+	return nil, nil, 0, err
+}
+
+// waitTurn waits until q, the queue up to l's key (q[i]), may have changed
+// so that the key holds: it watches q[wait], the earlier key judge named,
+// or, for a full semaphore (wait < 0), every key of name, for deletions,
+// from the revision after the one at which q was read, and reads the queue
+// again (requeue) after a deletion of an earlier key, after a renewal of
+// the lease, every KeepInterval, or when the watch ends. It returns the
+// queue and l's place in it.
+func (l *lease) waitTurn(ctx context.Context, q []entry, i, wait int) ([]entry, int, error) {
+	c, err := l.b.conn(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	prefix := Prefix(l.name)
-	w := watchCreate{Key: []byte(prefix), RangeEnd: prefixEnd(prefix), StartRevision: l.seen + 1}
-	if l.b.opts.Mode == lock.Exclusive && !l.latent {
-		// An exclusive key waits for every earlier key whatever its
-		// record, and without a latent key no put can add one: the
-		// deletions are all it needs, and the waiters are not woken by
-		// every key that joins the queue.
-		w.Filters = []string{"NOPUT"}
+	key, opts := Prefix(l.name), []clientv3.OpOption{clientv3.WithPrefix()}
+	if wait >= 0 {
+		key, opts = q[wait].key, nil
 	}
-	// The watch's answers come from a goroutine of their own, so that the
-	// lease is renewed while it waits for them. It ends with wctx.
-	type answer struct {
-		resp *watchResponse
-		err  error
-	}
-	answers := make(chan answer)
-	go func() {
-		s, err := l.c.watch(wctx, w)
-		if err != nil {
-			select {
-			case answers <- answer{err: err}:
-			case <-wctx.Done():
-			}
-			return
-		}
-		defer s.abort()
-		resp := &watchResponse{Created: true}
-		for {
-			select {
-			case answers <- answer{resp, err}:
-			case <-wctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-			resp = new(watchResponse)
-			if err = s.next(resp); err == nil {
-				err = resp.err()
-			}
-		}
-	}()
-	// A watch that is not created within callTimeout is a server that does
-	// not answer, as for any other request.
-	creating := time.NewTimer(callTimeout)
-	defer creating.Stop()
+	opts = append(opts, clientv3.WithRev(l.seen+1), clientv3.WithFilterPut())
+	wch := c.Watch(l.b.auth.watchContext(clientv3.WithRequireLeader(wctx)), key, opts...)
 	interval := l.b.opts.KeepInterval()
 	renew := time.NewTimer(time.Until(l.renewedAt.Add(interval)))
 	defer renew.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, 0, false, context.Cause(ctx)
-		case <-creating.C:
-			return nil, 0, false, lock.Unreachable("etcd at "+l.b.addr, "timed out")
+			return nil, 0, context.Cause(ctx)
 		case <-renew.C:
-			if err := l.renew(ctx); err != nil {
-				return nil, 0, false, err
+			// The watch is let go first: a member that is stopping
+			// waits for its streams to end before it can be started
+			// again, and the requests that follow may not reach it.
+			cancel()
+			return l.requeue(ctx)
+		case resp, ok := <-wch:
+			if !ok || resp.Err() != nil {
+				// Compacted, cancelled (the member lost its leader, the
+				// token was refused): read the queue as it is now.
+				l.b.watchRefused(resp.Err())
+				cancel()
+				return l.requeue(ctx)
 			}
-			n, err := l.ahead(ctx)
-			if err != nil {
-				return nil, 0, false, err
-			}
-			if n != len(q)-1 {
-				return q, len(q) - 1, true, nil
-			}
-			renew.Reset(time.Until(l.renewedAt.Add(interval)))
-		case a := <-answers:
-			switch {
-			case a.err != nil && ctx.Err() != nil:
-				return nil, 0, false, context.Cause(ctx)
-			case errors.Is(a.err, errCompacted):
-				return q, len(q) - 1, true, nil // the revision is gone: read the queue as it is now
-			case errors.Is(a.err, errStreamEnded):
-				return nil, 0, false, lock.Errorf(lock.ErrUnavailable, "etcd at %s: the watch of %s ended", l.b.addr, prefix)
-			case a.err != nil:
-				return nil, 0, false, l.b.classify(a.err)
-			}
-			creating.Stop()
-			changed := false
-			for _, ev := range a.resp.Events {
-				if ev.Kv == nil {
+			for _, ev := range resp.Events {
+				k := string(ev.Kv.Key)
+				if k == l.key {
+					return nil, 0, l.deleted()
+				}
+				j := slices.IndexFunc(q[:i], func(e entry) bool { return e.key == k })
+				if j < 0 {
 					continue
 				}
-				if ev.Type == "DELETE" && string(ev.Kv.Key) == l.key {
-					return nil, 0, false, lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's key %s was deleted", l.b.addr, l.key)
-				}
-				var ok bool
-				if q, ok = l.apply(q, ev); ok {
-					changed = true
-				}
-				l.seen = max(l.seen, ev.Kv.ModRevision)
-			}
-			if !changed {
-				continue
-			}
-			if holds, _, err := judge(l.name, q, len(q)-1); holds || err != nil {
-				return q, len(q) - 1, false, nil
+				cancel()
+				return l.requeue(ctx)
 			}
 		}
 	}
 }
 
-// apply changes q, the keys up to l's own (the last), by the event ev, and
-// reports whether it did: a deletion of a key before l's takes it out; a
-// put of a key created before l's writes it again (or takes it out if it
-// is no longer a lock key). Other keys are after l's, or not name's locks.
-func (l *lease) apply(q []entry, ev watchEvent) ([]entry, bool) {
-	key := string(ev.Kv.Key)
-	me := len(q) - 1
-	if key == l.key {
-		return q, false
-	}
-	j := slices.IndexFunc(q[:me], func(e entry) bool { return e.key == key })
-	if ev.Type == "DELETE" {
-		if j < 0 {
-			return q, false
-		}
-		return slices.Delete(q, j, j+1), true
-	}
-	if ev.Kv.CreateRevision >= l.rev {
-		return q, false
-	}
-	changed := j >= 0
-	if j >= 0 {
-		q = slices.Delete(q, j, j+1)
-	}
-	if e := queue(l.name, []*keyValue{ev.Kv}); len(e) == 1 {
-		k, _ := slices.BinarySearchFunc(q[:len(q)-1], e[0].rev, func(x entry, rev int64) int { return cmp.Compare(x.rev, rev) })
-		q = slices.Insert(q, k, e[0])
-		changed = true
-	}
-	return q, changed
-}
-
-// requeue reads the queue again when the watch cannot tell what it is, if
-// the key is still there, and meanwhile renews the lease: the lock may be
-// about to be ours, and its life runs from that renewal (Acquire returns it).
-// Both fail if the key is gone.
+// requeue reads the queue again, if the key is still there, and meanwhile
+// renews the lease: the lock may be about to be ours, and its life runs
+// from that renewal (Acquire returns it). Both fail if the key is gone.
 func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 	renewed := make(chan error, 1)
 	go func() { renewed <- l.renew(ctx) }()
-	cctx, cancel := call(ctx)
+	cctx, cancel := l.b.call(ctx)
 	defer cancel()
-	resp, err := l.c.txn(cctx, &txnRequest{
-		Compare: []compare{createRevisionIs(l.key, l.rev)},
-		Success: []requestOp{l.b.getQueue(l.name)},
-	})
+	c, err := l.b.conn(cctx)
+	if err != nil {
+		<-renewed
+		return nil, 0, err
+	}
+	resp, err := c.Txn(cctx).If(isKey(l.key, l.rev)).Then(getQueue(l.name)).Commit()
 	if rerr := <-renewed; rerr != nil {
 		return nil, 0, rerr
 	}
@@ -305,23 +253,10 @@ func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
 		return nil, 0, l.b.classify(err)
 	}
 	if !resp.Succeeded {
-		return nil, 0, lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's key %s was deleted", l.b.addr, l.key)
+		return nil, 0, l.deleted()
 	}
 	l.seen = resp.Header.Revision
-	return l.place(rangeAt(resp, 0))
-}
-
-// ahead counts the lock keys before l's own, bounded by callTimeout.
-func (l *lease) ahead(ctx context.Context) (int, error) {
-	cctx, cancel := call(ctx)
-	defer cancel()
-	r := queueRange(l.name)
-	r.MaxCreateRevision = l.rev - 1
-	resp, err := l.c.get(cctx, r)
-	if err != nil {
-		return 0, l.b.classify(err)
-	}
-	return len(queue(l.name, resp.Kvs)), nil
+	return l.place(resp.Responses[0].GetResponseRange().GetKvs())
 }
 
 // stamp writes the record again, with acquired_at now, once a waiter got
@@ -330,24 +265,25 @@ func (l *lease) ahead(ctx context.Context) (int, error) {
 // lands leaves nothing behind. A failure only leaves the time the waiter
 // began to wait.
 func (l *lease) stamp() {
-	ctx, cancel := call(context.Background())
+	ctx, cancel := l.b.call(context.Background())
 	defer cancel()
-	l.c.txn(ctx, &txnRequest{
-		Compare: []compare{createRevisionIs(l.key, l.rev)},
-		Success: []requestOp{{Put: &putRequest{Key: []byte(l.key), Value: []byte(l.b.record()), IgnoreLease: true}}},
-	})
+	c, err := l.b.conn(ctx)
+	if err != nil {
+		return
+	}
+	c.Txn(ctx).If(isKey(l.key, l.rev)).Then(clientv3.OpPut(l.key, l.b.record(), clientv3.WithIgnoreLease())).Commit()
 }
 
 // renew renews a waiter's lease once, bounded by callTimeout. A lease gone
 // means the key is gone: the wait is over, with an error wrapping
 // lock.ErrHeld, as for a lock that others still hold.
 func (l *lease) renew(ctx context.Context) error {
-	cctx, cancel := call(ctx)
+	cctx, cancel := l.b.call(ctx)
 	defer cancel()
 	sent := time.Now()
-	if err := l.c.keepAliveOnce(cctx, l.id); err != nil {
-		if is(err, msgLeaseNotFound) {
-			return lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's lease %x expired or was revoked", l.b.addr, l.id)
+	if err := l.b.keepAlive(cctx, l.id); err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's lease %x expired or was revoked", l.b.addr, int64(l.id))
 		}
 		return l.b.classify(err)
 	}

@@ -2,6 +2,7 @@ package etcd_test
 
 import (
 	"errors"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -15,16 +16,13 @@ import (
 
 // TestClientCertUser: a server that asks for client certificates
 // (--client-cert-auth) takes any the test CA signed while authentication is
-// off. With authentication on and a user named as a certificate's Common
-// Name, allowed the lock's keys, etcd's JSON gateway, which withlock
-// speaks, refuses every request whose certificate has a Common Name, with a
-// user in the URL or without: acquisition and withlock check are refused
-// (ErrRefused, exit 69) with an error that says what to do instead. A
-// certificate without a Common Name and the user in the URL take the lock,
-// and it excludes: a waiter gets it only once the holder lets go. On the
-// system's etcd and the newest release the tests build, at once.
+// off. With authentication on, a user known only by a certificate's Common
+// Name, allowed the lock's keys and no more, takes the lock with no user
+// in the URL, and withlock check passes; the lock excludes: a waiter gets
+// it only once the holder lets go, after renewals of each. On the system's
+// etcd and every release the tests build, at once.
 func TestClientCertUser(t *testing.T) {
-	for _, v := range []string{"", testenv.EtcdVersions[len(testenv.EtcdVersions)-1]} {
+	for _, v := range append([]string{""}, testenv.EtcdVersions...) {
 		name := "system"
 		if v != "" {
 			name = v
@@ -51,23 +49,21 @@ func TestClientCertUser(t *testing.T) {
 
 			enableAuth(t, e, "rootpw")
 			addUser(t, e, testenv.EtcdCertCN, "cnpw", "jobs/")
-			addUser(t, e, "wl", "wlpw", "jobs/")
-
-			for _, u := range []string{withCert(nil, "server"), withCert(url.UserPassword(testenv.EtcdCertCN, "cnpw"), "server")} {
-				_, err := locktest.Open(t, u, opts).TryAcquire(locktest.Context(t), name)
-				if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), "certificate without a Common Name") || !strings.Contains(err.Error(), "USER:PASSWORD@") {
-					t.Errorf("a certificate named %q (URL user %v): %v; want ErrRefused saying to use a certificate without a Common Name and the user in the URL", testenv.EtcdCertCN, strings.Contains(u, "@"), err)
-				}
-				_, err = locktest.Open(t, u, opts).Check(locktest.Context(t))
-				if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), "certificate without a Common Name") {
-					t.Errorf("withlock check with a certificate named %q: %v; want the same refusal", testenv.EtcdCertCN, err)
-				}
+			// withlock check takes its probe lock on a name of its own.
+			if _, err := client(t, e).RoleGrantPermission(locktest.Context(t), testenv.EtcdCertCN+"-role", "withlock-check-", clientv3.GetPrefixRangeEnd("withlock-check-"), clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+				t.Fatal(err)
 			}
 
-			u := withCert(url.UserPassword("wl", "wlpw"), "client")
+			u := withCert(nil, "server")
+			if _, err := locktest.Open(t, u, opts).Check(locktest.Context(t)); err != nil {
+				t.Errorf("withlock check as the certificate's user %q: %v", testenv.EtcdCertCN, err)
+			}
+			if _, err := locktest.Open(t, withCert(nil, "server"), opts).Acquire(locktest.Context(t), "other/"+name); !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), "permission denied") {
+				t.Errorf("a name outside the user's keys: %v; want ErrRefused, permission denied", err)
+			}
 			holder, err := locktest.Open(t, u, opts).Acquire(locktest.Context(t), name)
 			if err != nil {
-				t.Fatalf("a certificate without a Common Name and the user in the URL: %v", err)
+				t.Fatalf("a certificate named %q, its user's keys: %v", testenv.EtcdCertCN, err)
 			}
 			got := make(chan *lock.Held, 1)
 			go func() {
@@ -77,7 +73,7 @@ func TestClientCertUser(t *testing.T) {
 				}
 				got <- h
 			}()
-			waitWatchers(t, e, 1)
+			waitWatchers(t, e, 2)
 			select {
 			case h := <-got:
 				t.Fatalf("the waiter got the lock while the holder held it (%v)", h != nil)

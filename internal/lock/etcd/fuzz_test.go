@@ -1,6 +1,8 @@
 package etcd
 
 import (
+	"go.etcd.io/etcd/api/v3/mvccpb"
+
 	"strings"
 	"testing"
 
@@ -22,14 +24,14 @@ func FuzzKeys(f *testing.F) {
 		if lock.CheckName(a) != nil || lock.CheckName(b) != nil || ida == 0 || idb == 0 {
 			return
 		}
-		own := &keyValue{Key: []byte(Key(a, ida)), Lease: ida}
+		own := &mvccpb.KeyValue{Key: []byte(Key(a, ida)), Lease: ida}
 		if !strings.HasPrefix(string(own.Key), Prefix(a)) || !lockKey(Prefix(a), own) {
 			t.Fatalf("%q, the key of %q, is not one of its lock keys", own.Key, a)
 		}
 		if a == b {
 			return
 		}
-		other := &keyValue{Key: []byte(Key(b, idb)), Lease: idb}
+		other := &mvccpb.KeyValue{Key: []byte(Key(b, idb)), Lease: idb}
 		if strings.HasPrefix(string(other.Key), Prefix(a)) && lockKey(Prefix(a), other) {
 			t.Fatalf("%q, a key of name %q, counts as a lock key of name %q", other.Key, b, a)
 		}

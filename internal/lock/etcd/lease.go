@@ -2,30 +2,38 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"math"
+	"sync"
 	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/withlock/withlock/internal/lock"
 )
 
-var _ lock.Expiring = (*lease)(nil)
+var (
+	_ lock.Expiring = (*lease)(nil)
+	_ lock.Watcher  = (*lease)(nil)
+)
 
 // lease is a key in a lock's queue and the etcd lease it is attached to:
 // a held lock once TryAcquire or Acquire returns it.
 type lease struct {
 	b    *backend
-	c    *client
 	name string
 	key  string
-	id   int64 // the lease
+	id   clientv3.LeaseID
 	rev  int64 // the key's create revision: the fencing token
 	seen int64 // the last revision at which the queue was read
-	// latent is whether that read had a key before l's that is not a lock
-	// key for want of a lease alone (NAME/<hex>): a put can make it one.
-	latent bool
 	// renewedAt is when the last renewal of the lease (or its grant) was
 	// sent: the lease runs at least until renewedAt plus the ttl.
 	renewedAt time.Time
+
+	// watch follows the key while the lock is held (held).
+	watch *keyWatch
 }
 
 // Token is the key's create revision, which grows with every acquisition
@@ -33,61 +41,116 @@ type lease struct {
 // learned it holds the lock).
 func (l *lease) Token() int64 { return l.rev }
 
-// Keep renews the lease for another ttl, judged by the server's clock, then
-// checks that the key is still there: a lease revoked (withlock release
-// --force) or expired, and a key deleted (etcdctl del), are ErrLost.
+// held starts the watch of the key, once the lease holds the lock.
+func (l *lease) held() {
+	l.watch = watchKey(l.b, l.key, l.rev, l.seen)
+}
+
+// Keep renews the lease for another ttl, judged by the server's clock, on
+// the backend's renewal stream; a lease revoked (withlock release --force)
+// or expired is ErrLost. Then it reads the key: a key deleted (etcdctl del)
+// is ErrLost too. A member that is stopping gracefully serves the streams
+// it has but takes no new request, so that read can fail while the lease
+// is kept; the key's watch, which stays open on its own stream as the
+// renewals do, then vouches for the key instead, if it is open.
 func (l *lease) Keep(ctx context.Context) error {
 	kctx, cancel := l.b.keepCall(ctx)
-	err := l.c.keepAliveOnce(kctx, l.id)
+	err := l.b.keepAlive(kctx, l.id)
 	cancel()
 	if err != nil {
-		if is(err, msgLeaseNotFound) {
-			return lock.Errorf(lock.ErrLost, "its etcd lease %x expired or was revoked (withlock release --force?)", l.id)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return lock.Errorf(lock.ErrLost, "its etcd lease %x expired or was revoked (withlock release --force?)", int64(l.id))
 		}
+		// The member may be stopping, and waits for its streams to end
+		// (up to its request timeout) before it stops and can be started
+		// again: the watch's is let go too, and opened again anew.
+		l.watch.reset()
 		return l.b.classify(err)
 	}
-	kctx, cancel = l.b.keepCall(ctx)
-	resp, err := l.c.get(kctx, &rangeRequest{Key: []byte(l.key), KeysOnly: true})
-	cancel()
-	if err != nil {
-		return l.b.classify(err)
+	rctx, cancel := context.WithTimeout(ctx, min(callTimeout, l.b.opts.KeepInterval()/2))
+	defer cancel()
+	c, err := l.b.conn(rctx)
+	if err == nil {
+		var resp *clientv3.GetResponse
+		if resp, err = c.Get(rctx, l.key, clientv3.WithKeysOnly()); err == nil {
+			if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != l.rev {
+				return l.lost()
+			}
+			return nil
+		}
+		err = l.b.classify(err)
 	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != l.rev {
-		return lock.Errorf(lock.ErrLost, "its etcd key %s was deleted", l.key)
+	switch l.watch.state() {
+	case keyGone:
+		return l.lost()
+	case keyWatched:
+		if ctx.Err() == nil {
+			return nil
+		}
 	}
-	return nil
+	return err
+}
+
+func (l *lease) lost() error {
+	return lock.Errorf(lock.ErrLost, "its etcd key %s was deleted", l.key)
+}
+
+// Watch returns ErrLost as soon as the key's watch sees it deleted, or nil
+// when ctx ends.
+func (l *lease) Watch(ctx context.Context) error {
+	select {
+	case <-l.watch.gone:
+		return l.lost()
+	case <-ctx.Done():
+		return nil
+	}
 }
 
 // keepCall bounds one request of Keep. With one endpoint, only ctx does:
 // Keep answers within its ctx's deadline. With several, callTimeout and
-// half of lock.Options.KeepInterval do too, so that
-// an endpoint that takes the request but does not answer fails this Keep
-// early, and the next Keep, sent to the next endpoint, can still renew the
-// lease before it runs out: a member cut off from its peers accepts a
-// renewal and a linearizable read, then waits for a leader it cannot
-// reach, while the other members still hold the lock.
+// half of lock.Options.KeepInterval do too, so that an endpoint that takes
+// the request but does not answer fails this Keep early, and the next
+// Keep, sent on a new stream, which the client sends to another endpoint,
+// can still renew the lease before it runs out: a member cut off from its
+// peers accepts a renewal, then waits for a leader it cannot reach, while
+// the other members still hold the lock.
 func (b *backend) keepCall(ctx context.Context) (context.Context, context.CancelFunc) {
-	if len(b.c.endpoints) == 1 {
+	if len(b.endpoints) == 1 {
 		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, min(callTimeout, b.opts.KeepInterval()/2))
 }
 
-// Release deletes the key if it is still ours, then revokes the lease.
+// Release deletes the key if it is still ours, then revokes the lease,
+// which deletes the key too: a deletion that failed (sent to a member that
+// cannot serve it, bounded as a request of an attempt so that the
+// revocation has time) is done by a revocation that succeeds, and the lock
+// was ours if its lease was still there.
 func (l *lease) Release(ctx context.Context) error {
-	resp, err := l.c.txn(ctx, &txnRequest{
-		Compare: []compare{createRevisionIs(l.key, l.rev)},
-		Success: []requestOp{{DeleteRange: &deleteRangeRequest{Key: []byte(l.key)}}},
-	})
-	// The lease goes either way; if this fails, it runs out by itself.
-	l.revoke(ctx, l.id)
+	l.watch.stop()
+	c, err := l.b.conn(ctx)
 	if err != nil {
-		return l.b.classify(err)
+		return err
 	}
-	if !resp.Succeeded {
+	tctx, cancel := l.b.call(ctx)
+	resp, err := c.Txn(tctx).If(isKey(l.key, l.rev)).Then(clientv3.OpDelete(l.key)).Commit()
+	cancel()
+	// The lease goes either way; if this fails, it runs out by itself.
+	revoked, rerr := l.b.revokeLease(ctx, l.id)
+	switch {
+	case err == nil && !resp.Succeeded:
 		return lock.Errorf(lock.ErrNotOurs, "etcd: the lock's key was no longer ours at release")
+	case err == nil || rerr == nil && revoked:
+		return nil
+	case rerr == nil:
+		return lock.Errorf(lock.ErrNotOurs, "etcd: the lock's lease was gone at release")
 	}
-	return nil
+	return l.b.classify(err)
+}
+
+// isKey is the condition that key is still the one created at rev.
+func isKey(key string, rev int64) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
 }
 
 // ReleaseAt lets the lock end at until instead of now: the key moves to a
@@ -96,17 +159,20 @@ func (l *lease) Release(ctx context.Context) error {
 // default election timeout), and the lease that was kept is revoked. The
 // key keeps its place and its create revision.
 func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
+	l.watch.stop()
+	c, err := l.b.conn(ctx)
+	if err != nil {
+		return err
+	}
 	left := time.Until(until)
-	g, err := l.c.grant(ctx, int64(math.Ceil(left.Seconds())))
+	g, err := c.Grant(ctx, int64(math.Ceil(left.Seconds())))
 	if err != nil {
 		return l.b.classify(err)
 	}
-	resp, err := l.c.txn(ctx, &txnRequest{
-		Compare: []compare{createRevisionIs(l.key, l.rev)},
-		Success: []requestOp{{Put: &putRequest{Key: []byte(l.key), Lease: g, IgnoreValue: true}}},
-	})
+	resp, err := c.Txn(ctx).If(isKey(l.key, l.rev)).
+		Then(clientv3.OpPut(l.key, "", clientv3.WithLease(g.ID), clientv3.WithIgnoreValue())).Commit()
 	if err != nil || !resp.Succeeded {
-		l.revoke(ctx, g)
+		l.revoke(ctx, g.ID)
 		if err != nil {
 			return l.b.classify(err)
 		}
@@ -122,7 +188,7 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 // in the queue, ahead of this process's next attempt, until its lease runs
 // out: the next attempt revokes it first.
 func (l *lease) drop(ctx context.Context) {
-	cctx, cancel := call(context.WithoutCancel(ctx))
+	cctx, cancel := l.b.call(context.WithoutCancel(ctx))
 	defer cancel()
 	if err := l.revoke(cctx, l.id); err != nil {
 		l.b.orphans = append(l.b.orphans, l.id)
@@ -130,10 +196,240 @@ func (l *lease) drop(ctx context.Context) {
 }
 
 // revoke revokes lease id; one already gone is fine.
-func (l *lease) revoke(ctx context.Context, id int64) error {
-	err := l.c.revoke(ctx, id)
-	if err != nil && !is(err, msgLeaseNotFound) {
-		return l.b.classify(err)
+func (l *lease) revoke(ctx context.Context, id clientv3.LeaseID) error {
+	return l.b.revoke(ctx, id)
+}
+
+func (b *backend) revoke(ctx context.Context, id clientv3.LeaseID) error {
+	_, err := b.revokeLease(ctx, id)
+	return err
+}
+
+// revokeLease revokes lease id, and reports whether it was still there.
+func (b *backend) revokeLease(ctx context.Context, id clientv3.LeaseID) (bool, error) {
+	c, err := b.conn(ctx)
+	if err != nil {
+		return false, err
 	}
+	_, err = c.Revoke(ctx, id)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseNotFound):
+		return false, nil
+	}
+	return false, b.classify(err)
+}
+
+// renewer renews leases on one LeaseKeepAlive stream, opened on first use
+// and kept open, one renewal at a time: a request and its answer. A stream
+// keeps being served by a member that is stopping gracefully (it takes no
+// new request, but lets the ones it has finish), where a renewal sent as a
+// request of its own would be refused, or wait for the member to be back.
+type renewer struct {
+	mu     sync.Mutex
+	stream pb.Lease_LeaseKeepAliveClient
+	cancel context.CancelFunc
+}
+
+// keepAlive renews lease id once, within ctx. An expired or revoked lease
+// is rpctypes.ErrLeaseNotFound. A stream that fails is closed, and the
+// renewal sent once more on a new one, which the client opens on another
+// endpoint where there are several: the member of the old one may be gone
+// (a renewal received twice is still one renewal).
+func (b *backend) keepAlive(ctx context.Context, id clientv3.LeaseID) error {
+	r := &b.renewer
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var err error
+	for range max(2, len(b.endpoints)) {
+		if r.stream == nil {
+			if err = b.openStream(ctx); err != nil {
+				return err
+			}
+		}
+		var resp *pb.LeaseKeepAliveResponse
+		stop := context.AfterFunc(ctx, r.cancel)
+		if err = r.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err == nil {
+			resp, err = r.stream.Recv()
+		}
+		if !stop() {
+			// ctx ended and cut the stream off.
+			r.closeLocked()
+			return context.Cause(ctx)
+		}
+		if err == nil {
+			if resp.TTL <= 0 {
+				return rpctypes.ErrLeaseNotFound
+			}
+			return nil
+		}
+		r.closeLocked()
+		if refused(err) {
+			b.auth.drop()
+		}
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+	}
+	return err
+}
+
+// openStream opens the renewal stream. Like the official client's own
+// keep-alive, it asks the member to end it when the member has no leader,
+// so that the next renewal goes to a member that can serve it.
+func (b *backend) openStream(ctx context.Context) error {
+	c, err := b.conn(ctx)
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+	open := context.AfterFunc(ctx, cancel)
+	s, err := pb.NewLeaseClient(c.ActiveConnection()).LeaseKeepAlive(sctx)
+	if err != nil && refused(err) {
+		b.auth.drop()
+	}
+	if !open() || err != nil {
+		cancel()
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return err
+	}
+	b.renewer.stream, b.renewer.cancel = s, cancel
 	return nil
+}
+
+func (r *renewer) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closeLocked()
+}
+
+func (r *renewer) closeLocked() {
+	if r.cancel != nil {
+		r.cancel()
+	}
+	r.stream, r.cancel = nil, nil
+}
+
+// keyState is what a key's watch knows of the key.
+type keyState int
+
+const (
+	keyUnknown keyState = iota // the watch is not open: read the key
+	keyWatched                 // the watch is open and saw no deletion
+	keyGone                    // the watch saw the key deleted
+)
+
+// keyWatch follows a held lock's key from the revision at which it was
+// known to be there, on the official client's watch stream, which resumes
+// from its last revision on another member when its own goes. It ends when
+// it sees the key deleted (gone closes) or when stopped.
+type keyWatch struct {
+	mu     sync.Mutex
+	st     keyState
+	gone   chan struct{}
+	cancel context.CancelFunc // ends the watch
+	cur    context.CancelFunc // ends the current stream of it (reset)
+}
+
+func watchKey(b *backend, key string, rev, seen int64) *keyWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &keyWatch{gone: make(chan struct{}), cancel: cancel}
+	go w.run(ctx, b, key, rev, seen+1)
+	return w
+}
+
+func (w *keyWatch) run(ctx context.Context, b *backend, key string, rev, from int64) {
+	for ctx.Err() == nil {
+		c, err := b.conn(ctx)
+		if err != nil {
+			sleep(ctx, time.Second)
+			continue
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		w.mu.Lock()
+		w.cur = cancel
+		w.mu.Unlock()
+		wch := c.Watch(b.auth.watchContext(clientv3.WithRequireLeader(wctx)), key, clientv3.WithRev(from), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+		for resp := range wch {
+			if err := resp.Err(); err != nil {
+				// Compacted, the member lost its leader, or the token
+				// was refused: read, then watch again.
+				b.watchRefused(err)
+				break
+			}
+			if resp.Created {
+				w.set(keyWatched)
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					w.set(keyGone)
+					return
+				}
+			}
+			from = max(from, resp.Header.Revision+1)
+		}
+		cancel()
+		w.set(keyUnknown)
+		if ctx.Err() != nil {
+			return
+		}
+		// The watch ended: see whether the key is still there, and watch
+		// again from the revision of that read.
+		cctx, cancel := b.call(ctx)
+		resp, err := c.Get(cctx, key, clientv3.WithKeysOnly())
+		cancel()
+		switch {
+		case err != nil:
+			sleep(ctx, time.Second)
+		case len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != rev:
+			w.set(keyGone)
+			return
+		default:
+			from = resp.Header.Revision + 1
+		}
+	}
+}
+
+func (w *keyWatch) set(st keyState) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.st == keyGone {
+		return
+	}
+	w.st = st
+	if st == keyGone {
+		close(w.gone)
+	}
+}
+
+func (w *keyWatch) state() keyState {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.st
+}
+
+// stop ends the watch; it may be called more than once.
+func (w *keyWatch) stop() { w.cancel() }
+
+// reset ends the watch's stream: the watch reads the key and is opened
+// again, on a new stream.
+func (w *keyWatch) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cur != nil {
+		w.cur()
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }

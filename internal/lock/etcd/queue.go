@@ -6,6 +6,9 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/withlock/withlock/internal/lock"
 )
 
@@ -54,7 +57,7 @@ func (e entry) mode() lock.Mode {
 // key with more elements belongs to a longer name (NAME/sub/<id>), so
 // withlock's locks "a" and "a/b" are two locks; etcdctl lock "a" counts
 // the keys of "a/b" too.
-func lockKey(prefix string, kv *keyValue) bool {
+func lockKey(prefix string, kv *mvccpb.KeyValue) bool {
 	return kv.Lease != 0 && lockID(string(kv.Key[len(prefix):]))
 }
 
@@ -74,7 +77,7 @@ func lockID(id string) bool {
 
 // queue returns the lock keys among kvs, the keys under name's prefix in
 // the order of their create revisions.
-func queue(name string, kvs []*keyValue) []entry {
+func queue(name string, kvs []*mvccpb.KeyValue) []entry {
 	prefix := Prefix(name)
 	var q []entry
 	for _, kv := range kvs {
@@ -158,16 +161,16 @@ func (b *backend) record() string {
 	return string(v)
 }
 
-// getQueue reads name's keys in queue order.
-func (b *backend) getQueue(name string) requestOp {
-	return requestOp{Range: queueRange(name)}
-}
-
-// queueRange reads name's keys in the order of their create revisions,
+// getQueue reads name's keys in the order of their create revisions,
 // with their values. Not keys only, although an exclusive key needs only
 // the others' leases: etcd 3.7 answers a keys-only read from its index,
 // which has no leases, and the lease is what tells a lock key from a key
 // of data.
-func queueRange(name string) *rangeRequest {
-	return &rangeRequest{Key: []byte(Prefix(name)), RangeEnd: prefixEnd(Prefix(name)), SortOrder: "ASCEND", SortTarget: "CREATE"}
+func getQueue(name string) clientv3.Op {
+	return clientv3.OpGet(Prefix(name), queueOpts()...)
+}
+
+// queueOpts are the options of getQueue's read.
+func queueOpts() []clientv3.OpOption {
+	return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
 }

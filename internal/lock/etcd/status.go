@@ -2,8 +2,12 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/withlock/withlock/internal/lock"
 )
@@ -13,12 +17,16 @@ const listPage = 1000
 
 // Inspect reads name's queue and returns the keys that hold the lock.
 func (b *backend) Inspect(ctx context.Context, name string) (lock.State, error) {
-	_, st, err := b.inspect(ctx, b.c, name)
+	_, st, err := b.inspect(ctx, name)
 	return st, err
 }
 
-func (b *backend) inspect(ctx context.Context, c *client, name string) ([]entry, lock.State, error) {
-	resp, err := c.get(ctx, queueRange(name))
+func (b *backend) inspect(ctx context.Context, name string) ([]entry, lock.State, error) {
+	c, err := b.conn(ctx)
+	if err != nil {
+		return nil, lock.State{}, err
+	}
+	resp, err := c.Get(ctx, Prefix(name), queueOpts()...)
 	if err != nil {
 		return nil, lock.State{}, b.classify(err)
 	}
@@ -43,17 +51,17 @@ func (b *backend) inspect(ctx context.Context, c *client, name string) ([]entry,
 
 // holder is what the key e records, and when its lease runs out by the
 // server's count of the seconds it has left.
-func (b *backend) holder(ctx context.Context, c *client, e entry) (lock.Holder, error) {
+func (b *backend) holder(ctx context.Context, c *clientv3.Client, e entry) (lock.Holder, error) {
 	h := lock.Holder{Token: e.rev}
 	if r := e.rec; r != nil {
 		h.Host, h.PID, h.Command, h.AcquiredAt = r.Host, r.PID, r.Command, r.AcquiredAt
 	}
-	ttl, err := c.timeToLive(ctx, e.lease)
+	resp, err := c.TimeToLive(ctx, clientv3.LeaseID(e.lease))
 	if err != nil {
 		return lock.Holder{}, b.classify(err)
 	}
-	if ttl >= 0 {
-		h.ExpiresAt = time.Now().Add(time.Duration(ttl) * time.Second).Truncate(time.Second)
+	if resp.TTL >= 0 {
+		h.ExpiresAt = time.Now().Add(time.Duration(resp.TTL) * time.Second).Truncate(time.Second)
 	}
 	return h, nil
 }
@@ -63,16 +71,17 @@ func (b *backend) holder(ctx context.Context, c *client, e entry) (lock.Holder, 
 // of etcdctl lock and etcd elections too: they are the same recipe) and a
 // holder.
 func (b *backend) List(ctx context.Context) ([]lock.State, error) {
-	c := b.c
+	c, err := b.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var names []string
 	seen := map[string]bool{}
 	from, rev := "\x00", int64(0)
 	for {
-		// A range_end of "\x00" is every key from the key on
-		// (clientv3.WithFromKey).
-		resp, err := c.get(ctx, &rangeRequest{Key: []byte(from), RangeEnd: []byte{0}, KeysOnly: true, Limit: listPage, Revision: rev})
+		resp, err := c.Get(ctx, from, clientv3.WithFromKey(), clientv3.WithKeysOnly(), clientv3.WithLimit(listPage), clientv3.WithRev(rev))
 		if err != nil {
-			if is(err, msgPermissionDenied) {
+			if errors.Is(rpctypes.Error(err), rpctypes.ErrPermissionDenied) {
 				return nil, lock.Errorf(lock.ErrRefused, "etcd at %s: permission denied; withlock status without NAME reads every key (keys only), which needs read permission on the whole key space; name the lock instead", b.addr)
 			}
 			return nil, b.classify(err)
@@ -98,7 +107,7 @@ func (b *backend) List(ctx context.Context) ([]lock.State, error) {
 	}
 	var all []lock.State
 	for _, name := range names {
-		_, st, err := b.inspect(ctx, c, name)
+		_, st, err := b.inspect(ctx, name)
 		if err != nil {
 			return nil, err
 		}
