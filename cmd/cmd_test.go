@@ -98,6 +98,7 @@ func TestExitCode(t *testing.T) {
 		{"timed out", timedOut, 75, 75},
 		{"timed out while held", gaveUp(timedOut, held), 75, 75},
 		{"timed out while held, quiet conflicts", gaveUp(timedOut, held), 0, 0},
+		{"timed out while the server could not vouch", gaveUp(timedOut, lock.Errorf(lock.ErrUnsettled, "redis at r:6379 has been up for 1s")), 0, 69},
 
 		{"usage", usagef("missing NAME and -- COMMAND"), 0, 64},
 		{"bad name", lock.CheckName(""), 0, 64},

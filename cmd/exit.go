@@ -66,7 +66,9 @@ func exitCode(err error, conflictCode int) int {
 		return exitNotFound
 	case errors.Is(err, exec.ErrNotExecutable):
 		return exitNotExecutable
-	case errors.Is(err, lock.ErrUnavailable), errors.Is(err, lock.ErrRefused):
+	case errors.Is(err, lock.ErrUnavailable), errors.Is(err, lock.ErrRefused), errors.Is(err, lock.ErrUnsettled):
+		// A server that cannot vouch yet that NAME is free (a --timeout
+		// that ran out meanwhile) is not a conflict either.
 		return exitUnavailable
 	case errors.Is(err, lock.ErrHeld), errors.Is(err, errTimedOut):
 		return conflictCode

@@ -412,11 +412,7 @@ func acquire(c *lock.Client, name string, timeout time.Duration, sigs <-chan os.
 				r.held.Release(context.Background())
 				return nil, context.Cause(ctx)
 			}
-			switch noWait := c.Options().NoWait; {
-			case errors.Is(r.err, lock.ErrUnsettled) && noWait:
-				// Perhaps held, perhaps not: say what the backend knows.
-				r.err = lock.Errorf(lock.ErrHeld, "%q not acquired: %v (--no-wait)", name, r.err)
-			case errors.Is(r.err, lock.ErrHeld) && noWait:
+			if errors.Is(r.err, lock.ErrHeld) && c.Options().NoWait {
 				r.err = lock.Errorf(lock.ErrHeld, "%q is held elsewhere (--no-wait)", name)
 			}
 			return r.held, r.err

@@ -114,6 +114,20 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 		}
 		var pause time.Duration
 		switch {
+		case errors.Is(err, ErrUnsettled):
+			// Not a conflict, even with NoWait: nobody may hold the lock,
+			// and a cron slot that exits as "held" would run nowhere.
+			// Wait, within ConnectTimeout, until the server can vouch.
+			now := time.Now()
+			if unreachableSince.IsZero() {
+				unreachableSince = now
+			}
+			tried := now.Sub(unreachableSince)
+			if tried >= opts.ConnectTimeout {
+				return nil, Errorf(ErrUnavailable, "%v; waited %s (--connect-timeout)", err, roundTried(tried))
+			}
+			left, _ := Remaining(err)
+			pause = max(min(left, opts.ConnectTimeout-tried), time.Millisecond)
 		case errors.Is(err, ErrHeld):
 			if opts.NoWait {
 				return nil, err

@@ -191,6 +191,63 @@ func TestAcquireSaysHowLongItRetried(t *testing.T) {
 	}
 }
 
+// unsettled is the error of a backend that cannot vouch yet that the lock
+// is free, for remaining more.
+type unsettled struct{ remaining time.Duration }
+
+func (e unsettled) Error() string {
+	return "test has been up for 1s, less than --ttl; locks can be taken there in " + e.remaining.String()
+}
+func (e unsettled) Unwrap() error            { return lock.ErrUnsettled }
+func (e unsettled) Remaining() time.Duration { return e.remaining }
+
+// TestAcquireWaitsForUnsettled: a backend that cannot vouch yet that the
+// lock is free is not a conflict, even with NoWait: Acquire waits until it
+// can, as long as the connect timeout allows, and takes the lock.
+func TestAcquireWaitsForUnsettled(t *testing.T) {
+	t.Parallel()
+	const remaining = 200 * time.Millisecond
+	b := &script{answer: func(n int) error {
+		if n == 0 {
+			return unsettled{remaining}
+		}
+		return nil
+	}}
+	start := time.Now()
+	if _, err := acquire(t, testCtx(t), b, lock.Options{NoWait: true, ConnectTimeout: long}); err != nil {
+		t.Fatalf("Acquire with NoWait on an unsettled backend: %v; want the lock once it settles", err)
+	}
+	if took := time.Since(start); took < remaining {
+		t.Errorf("acquired after %v; want no earlier than the backend said, %v", took, remaining)
+	}
+	if n := b.calls.Load(); n != 2 {
+		t.Errorf("%d attempts; want 2, the second when the backend settles", n)
+	}
+}
+
+// TestAcquireUnsettledTooLong: a backend that will not settle within the
+// connect timeout is tried once more at its end, then reported as
+// unavailable, with its reason: never as held.
+func TestAcquireUnsettledTooLong(t *testing.T) {
+	t.Parallel()
+	const timeout = 300 * time.Millisecond
+	b := &script{answer: always(unsettled{time.Minute})}
+	start := time.Now()
+	_, err := acquire(t, testCtx(t), b, lock.Options{NoWait: true, ConnectTimeout: timeout})
+	if !errors.Is(err, lock.ErrUnavailable) || errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("Acquire: %v; want ErrUnavailable, not ErrHeld", err)
+	}
+	if !strings.Contains(err.Error(), "locks can be taken there in 1m0s; waited") || !strings.HasSuffix(err.Error(), "(--connect-timeout)") {
+		t.Errorf("Acquire: %q; want the backend's reason and how long it waited", err)
+	}
+	if took := time.Since(start); took < timeout {
+		t.Errorf("gave up after %v; want the connect timeout, %v", took, timeout)
+	}
+	if n := b.calls.Load(); n != 2 {
+		t.Errorf("%d attempts; want 2, the second at the connect timeout", n)
+	}
+}
+
 func TestAcquireRecovers(t *testing.T) {
 	t.Parallel()
 	b := &script{answer: func(n int) error {
@@ -683,4 +740,29 @@ func TestSuspendedDuringAttempt(t *testing.T) {
 		t.Errorf("the lease was released %d times during Acquire; want the late one given back", n)
 	}
 	mustNotBeLost(t, h)
+}
+
+// TestCheckWaitsForUnsettled: withlock check on a backend that cannot
+// vouch yet that a lock is free waits for it within the connect timeout;
+// beyond it, the probe lock is a warning that says when, not a failure.
+func TestCheckWaitsForUnsettled(t *testing.T) {
+	t.Parallel()
+	b := &script{answer: func(n int) error {
+		if n == 0 {
+			return unsettled{100 * time.Millisecond}
+		}
+		return nil
+	}}
+	findings, err := lock.NewClient(b, lock.Options{ConnectTimeout: long}).Check(testCtx(t))
+	if err != nil || len(findings) == 0 || findings[0].Status != lock.Ok {
+		t.Fatalf("Check on a backend that settles within the connect timeout: %v, %+v; want the probe lock ok", err, findings)
+	}
+	b = &script{answer: always(unsettled{time.Minute})}
+	findings, err = lock.NewClient(b, lock.Options{ConnectTimeout: 300 * time.Millisecond}).Check(testCtx(t))
+	if err != nil || len(findings) == 0 || findings[0].Status != lock.Warn || !strings.Contains(findings[0].Detail, "locks can be taken there in 1m0s") {
+		t.Fatalf("Check on a backend that will not settle in time: %v, %+v; want the probe lock a warning saying when", err, findings)
+	}
+	if n := b.calls.Load(); n != 1 {
+		t.Errorf("%d attempts; want 1 (the wait is longer than the connect timeout)", n)
+	}
 }

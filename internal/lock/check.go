@@ -65,11 +65,32 @@ func (c *Client) Check(ctx context.Context) ([]Finding, error) {
 	name := ProbePrefix + NewToken()[:12]
 	start := time.Now()
 	lease, err := c.Backend.TryAcquire(ctx, name)
+	// A server that cannot vouch yet that a lock is free (ErrUnsettled)
+	// is waited for, within ConnectTimeout, as Acquire does.
+	for left, _ := Remaining(err); errors.Is(err, ErrUnsettled) && time.Since(start)+left <= c.opts.ConnectTimeout; left, _ = Remaining(err) {
+		t := time.NewTimer(max(left, time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, context.Cause(ctx)
+		case <-t.C:
+		}
+		lease, err = c.Backend.TryAcquire(ctx, name)
+	}
 	took := time.Since(start)
 	var unsafe *unsafeError
 	switch {
 	case errors.As(err, &unsafe):
 		return []Finding{{Name: "probe lock", Status: Fail, Detail: unsafe.detail, Fix: unsafe.fix}}, nil
+	case errors.Is(err, ErrUnsettled):
+		// Nothing is wrong with the server; it is only young.
+		findings := []Finding{{Name: "probe lock", Status: Warn, Detail: fmt.Sprintf("not taken: %v", err),
+			Fix: "nothing to fix: until then withlock waits for it within --connect-timeout (give check a longer one to wait it out)"}}
+		more, err := c.Backend.Findings(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		return append(findings, more...), nil
 	case errors.Is(err, ErrHeld):
 		// A random name nobody holds: the backend answers "held" to
 		// everything, or a stale lease of an earlier check is there.

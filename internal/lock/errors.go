@@ -47,11 +47,12 @@ func Unreachable(what, reason string) error {
 	return e
 }
 
-// HeldError is an error matching ErrHeld that also says how long until
-// the lock may be taken: the time left of the holder's lease, or of any
-// other wait the backend knows the end of. Client.Acquire tries again no
-// later than then. HeldFor makes the plain one; a backend's own error type
-// that says more implements it too (ErrUnsettled's reason, say).
+// HeldError is an error matching ErrHeld (or ErrUnsettled) that also says
+// how long until the lock may be taken: the time left of the holder's
+// lease, or of any other wait the backend knows the end of. Client.Acquire
+// tries again no later than then. HeldFor makes the plain one; a backend's
+// own error type that says more implements it too (ErrUnsettled's reason,
+// say).
 type HeldError interface {
 	error
 	Remaining() time.Duration
@@ -66,8 +67,8 @@ func (e heldError) Error() string            { return ErrHeld.Error() }
 func (e heldError) Unwrap() error            { return ErrHeld }
 func (e heldError) Remaining() time.Duration { return e.remaining }
 
-// Remaining reports how long until the lock of an ErrHeld error may be
-// taken, where a HeldError in err's chain says so.
+// Remaining reports how long until the lock of an ErrHeld or ErrUnsettled
+// error may be taken, where a HeldError in err's chain says so.
 func Remaining(err error) (time.Duration, bool) {
 	var h HeldError
 	if errors.As(err, &h) {

@@ -31,11 +31,12 @@ var (
 	ErrHeld = errors.New("lock: held elsewhere")
 	// ErrUnsettled means the backend cannot vouch yet that the lock is
 	// free: its server started recently and may have lost, with its data,
-	// a lease whose holder still runs its command. It matches ErrHeld too,
-	// so Acquire waits (retrying when the error's Remaining has passed) and
-	// --no-wait does not take the lock; the error's message says why and
-	// for how long.
-	ErrUnsettled = fmt.Errorf("%w: the server may have forgotten a holder", ErrHeld)
+	// a lease whose holder still runs its command. It is not a conflict:
+	// Acquire waits for it as for an unreachable backend, within
+	// ConnectTimeout and even with NoWait, and tries again when the
+	// error's Remaining has passed; still unsettled then, it fails with
+	// ErrUnavailable. The error's message says why and for how long.
+	ErrUnsettled = errors.New("lock: the server cannot vouch yet that the lock is free")
 	// ErrUnavailable means the backend could not be reached or did not
 	// answer; trying again later may succeed.
 	ErrUnavailable = errors.New("lock: backend unavailable")

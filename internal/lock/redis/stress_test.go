@@ -162,7 +162,9 @@ func holdStalled(ctx context.Context, c *lock.Client, name string) (locktest.Sti
 			// A machine so busy that the server did not answer within
 			// go-redis's timeout: try again, as Acquire would.
 			pause = 100 * time.Millisecond
-		case !errors.Is(err, lock.ErrHeld):
+		case !errors.Is(err, lock.ErrHeld) && !errors.Is(err, lock.ErrUnsettled):
+			// Held, or a master that cannot vouch yet (one that
+			// restarted, a slot that moved): wait as Acquire would.
 			return locktest.Stint{}, err
 		case ok && d < pause:
 			pause = d
