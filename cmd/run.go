@@ -36,6 +36,7 @@ const examples = `  # Deploy step: run the migration on one host only; the other
 type runFlags struct {
 	connFlags
 	noWait        bool
+	oneAttempt    string // the flag that asked for one attempt, for messages: "--no-wait" unless "--timeout 0"
 	timeout       time.Duration
 	conflictCode  int
 	ttl           time.Duration
@@ -174,6 +175,10 @@ The documentation, one page per backend: https://github.com/withlock/withlock/tr
 			if err != nil {
 				return err
 			}
+			if c.Flags().Changed("timeout") && f.timeout == 0 && !f.noWait {
+				// One attempt, as flock -w 0 makes.
+				f.noWait, f.oneAttempt = true, "--timeout 0"
+			}
 			f.killAfterSet = c.Flags().Changed("kill-after")
 			f.maxHoldersSet = c.Flags().Changed("max-holders")
 			status, err := runLocked(env, f, name, argv)
@@ -184,7 +189,7 @@ The documentation, one page per backend: https://github.com/withlock/withlock/tr
 	fs := c.Flags()
 	f.connFlags.register(fs)
 	fs.BoolVarP(&f.noWait, "no-wait", "n", false, "make one attempt; if NAME is held elsewhere, exit 75")
-	fs.DurationVarP(&f.timeout, "timeout", "t", 0, "give up waiting after this long and exit 75 (default: wait as long as it takes)")
+	fs.DurationVarP(&f.timeout, "timeout", "t", 0, "give up waiting after this long and exit 75; 0 makes one attempt, as --no-wait (default: wait as long as it takes)")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", exitNotAcquired, "exit status when the lock is not acquired (cron: 0)")
 	fs.DurationVar(&f.ttl, "ttl", lock.DefaultTTL, "lease length; the lock is renewed or checked every ttl/3. Use the same --ttl for every user of NAME")
 	fs.DurationVar(&f.killAfter, "kill-after", 0, "when the lock is lost, KILL the command this long after TERM (default 5s, or ttl/3 when shorter); must be shorter than --ttl")
@@ -324,7 +329,11 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 	// the lock is held (it may have been installed meanwhile), and its
 	// error is reported then.
 	path, findErr := exec.Find(argv[0])
-	held, err := acquire(client, name, f.timeout, sigs)
+	oneAttempt := f.oneAttempt
+	if oneAttempt == "" {
+		oneAttempt = "--no-wait"
+	}
+	held, err := acquire(client, name, f.timeout, oneAttempt, sigs)
 	if stopLine != nil {
 		stopLine()
 	}
@@ -383,7 +392,7 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 }
 
 // acquire waits for the lock, giving up at the timeout or at a signal.
-func acquire(c *lock.Client, name string, timeout time.Duration, sigs <-chan os.Signal) (*lock.Held, error) {
+func acquire(c *lock.Client, name string, timeout time.Duration, oneAttempt string, sigs <-chan os.Signal) (*lock.Held, error) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	if timeout > 0 {
@@ -413,7 +422,7 @@ func acquire(c *lock.Client, name string, timeout time.Duration, sigs <-chan os.
 				return nil, context.Cause(ctx)
 			}
 			if errors.Is(r.err, lock.ErrHeld) && c.Options().NoWait {
-				r.err = lock.Errorf(lock.ErrHeld, "%q is held elsewhere (--no-wait)", name)
+				r.err = lock.Errorf(lock.ErrHeld, "%q is held elsewhere (%s)", name, oneAttempt)
 			}
 			return r.held, r.err
 		}
