@@ -2,11 +2,14 @@ package file_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -238,4 +241,80 @@ func TestFlockInterop(t *testing.T) {
 		t.Fatalf("TryAcquire after flock(1) exited: %v", err)
 	}
 	l.Release(locktest.Context(t))
+}
+
+// TestDirForEveryUser: a DIR that withlock creates is 1777, as /tmp is,
+// whatever the umask: its users may be several users of the host, and each
+// NAME's file is created by its first user.
+func TestDirForEveryUser(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "locks")
+	l, err := locktest.Open(t, "file://"+dir, lock.Options{}).TryAcquire(locktest.Context(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(locktest.Context(t))
+	st, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o777 || st.Mode()&os.ModeSticky == 0 {
+		t.Errorf("DIR made with mode %v; want drwxrwxrwt (1777)", st.Mode())
+	}
+}
+
+// TestDirOfAnotherUser: a user who may not create files in DIR is refused
+// with DIR's owner, its mode and the fix. Run as nobody when the tests
+// run as root (root may create files anywhere).
+func TestDirOfAnotherUser(t *testing.T) {
+	if dir := os.Getenv("WITHLOCK_TEST_DIR"); dir != "" {
+		_, err := locktest.Open(t, "file://"+dir, lock.Options{}).TryAcquire(locktest.Context(t), "job")
+		os.Stdout.WriteString(fmt.Sprint(err))
+		return
+	}
+	base, err := os.MkdirTemp("", "withlock-dir-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "locks")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDirOfAnotherUser$")
+	owner := "root"
+	if os.Geteuid() == 0 {
+		// The test binary, where nobody may run it.
+		bin := filepath.Join(base, "file.test")
+		data, err := os.ReadFile(os.Args[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cmd = exec.Command(bin, "-test.run=^TestDirOfAnotherUser$")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		cmd.Dir = base
+	} else {
+		if err := os.Chmod(dir, 0o555); err != nil {
+			t.Fatal(err)
+		}
+		u, err := user.Current()
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner = u.Username
+	}
+	cmd.Env = append(os.Environ(), "WITHLOCK_TEST_DIR="+dir, "HOME="+base)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the other user's TryAcquire: %v\n%s", err, out)
+	}
+	want := "permission denied; " + dir + " belongs to " + owner + " (mode 0"
+	if !strings.Contains(string(out), want) || !strings.Contains(string(out), "chmod 1777 "+dir) {
+		t.Errorf("the other user's TryAcquire: %s; want it to say %q and the chmod that fixes it", out, want)
+	}
 }

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
 	"syscall"
 
 	"github.com/withlock/withlock/internal/lock"
@@ -22,8 +25,8 @@ const openFlags = syscall.O_CLOEXEC | syscall.O_NOFOLLOW | syscall.O_NONBLOCK | 
 // without O_CREAT, so that a root withlock can lock a file another user
 // made in a sticky directory (fs.protected_regular).
 func (b *backend) openLock(path string) (*os.File, error) {
-	if err := os.MkdirAll(b.dir, 0o777); err != nil {
-		return nil, classify(fmt.Errorf("file: create %s: %w", b.dir, err))
+	if err := makeDir(b.dir); err != nil {
+		return nil, err
 	}
 	for range 100 {
 		fd, err := openat(path, openFlags|syscall.O_RDWR, 0)
@@ -37,6 +40,9 @@ func (b *backend) openLock(path string) (*os.File, error) {
 			if errors.Is(err, syscall.EEXIST) {
 				continue // made by someone else meanwhile: open what is there
 			}
+			if errors.Is(err, syscall.EACCES) {
+				return nil, b.cannotCreate(path, err)
+			}
 		}
 		if err != nil {
 			return nil, openError(path, err)
@@ -44,6 +50,45 @@ func (b *backend) openLock(path string) (*os.File, error) {
 		return checkLockFile(fd, path)
 	}
 	return nil, lock.Errorf(lock.ErrUnavailable, "file: %s keeps appearing and disappearing", path)
+}
+
+// makeDir makes DIR if it is missing, with its parents. DIR itself is
+// made 1777, as /tmp is: every user of a lock may be another user of the
+// host, and each NAME is a file that its first user creates; the sticky bit
+// keeps users from removing or replacing each other's files. Parents are
+// made as mkdir -p makes them.
+func makeDir(dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o777); err != nil {
+		return classify(fmt.Errorf("file: create %s: %w", filepath.Dir(dir), err))
+	}
+	switch err := os.Mkdir(dir, 0o777); {
+	case errors.Is(err, os.ErrExist):
+		return nil // made meanwhile, or not a directory (refused when opened)
+	case err != nil:
+		return classify(fmt.Errorf("file: create %s: %w", dir, err))
+	}
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+		return classify(fmt.Errorf("file: make %s writable for every user (chmod 1777): %w", dir, err))
+	}
+	return nil
+}
+
+// cannotCreate is the error of a lock file that DIR does not let this user
+// create: it names DIR's owner and mode, and the fix.
+func (b *backend) cannotCreate(path string, err error) error {
+	var st syscall.Stat_t
+	if syscall.Stat(b.dir, &st) != nil {
+		return openError(path, err)
+	}
+	owner := strconv.FormatUint(uint64(st.Uid), 10)
+	if u, err := user.LookupId(owner); err == nil {
+		owner = u.Username
+	}
+	return lock.Errorf(lock.ErrRefused, "file: cannot create %s: permission denied; %s belongs to %s (mode %04o), and every user of a lock must be able to create files there: chmod 1777 %s, as withlock makes a directory it creates",
+		path, b.dir, owner, st.Mode&0o7777, b.dir)
 }
 
 // openRead opens an existing file of DIR for reading (status); nil, nil if
