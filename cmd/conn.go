@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"net/url"
 	"os"
 	"time"
 
@@ -71,10 +72,20 @@ func (f *connFlags) check() error {
 // backendURL picks the URL: --db, else $WITHLOCK_DB, else
 // $PG_CONNECTION_STRING (docs/behaviour.md, Choosing the backend), and hides its
 // password in everything written from then on.
+//
+// With -v it says which backend that is and where its URL came from, its
+// password hidden: $PG_CONNECTION_STRING may be the application's own.
 func (f *connFlags) backendURL(env *environment) (string, error) {
-	for _, u := range []string{f.db, os.Getenv("WITHLOCK_DB"), os.Getenv("PG_CONNECTION_STRING")} {
-		if u != "" {
+	for _, src := range []struct{ from, url string }{
+		{"--db", f.db},
+		{"$WITHLOCK_DB", os.Getenv("WITHLOCK_DB")},
+		{"$PG_CONNECTION_STRING", os.Getenv("PG_CONNECTION_STRING")},
+	} {
+		if u := src.url; u != "" {
 			env.stderr.secrets = urlSecrets(u)
+			if p, err := url.Parse(u); err == nil {
+				env.logger().Debug("backend", "scheme", p.Scheme, "url", p.Redacted(), "from", src.from)
+			}
 			return u, nil
 		}
 	}
