@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	osexec "os/exec"
@@ -558,6 +559,7 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			"countlines": cmdCountlines,
 			"signal":     cmdSignal,
 			"sleep":      cmdSleep,
+			"silent":     cmdSilent,
 			"breaklease": cmdBreaklease,
 			"waiters":    cmdWaiters,
 			"replica":    cmdReplica,
@@ -1034,6 +1036,36 @@ func cmdSleep(ts *testscript.TestScript, neg bool, args []string) {
 	d, err := time.ParseDuration(args[0])
 	ts.Check(err)
 	time.Sleep(d)
+}
+
+// silent PORTFILE CONNFILE listens on a free port of 127.0.0.1, writes the
+// port to PORTFILE, and accepts connections that it never answers (a server
+// that hangs), until the script ends; it writes CONNFILE at the first one.
+func cmdSilent(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: silent PORTFILE CONNFILE")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ts.Check(err)
+	ts.Defer(func() { ln.Close() })
+	conn := ts.MkAbs(args[1])
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+			os.WriteFile(conn, []byte("connected\n"), 0o644)
+		}
+	}()
+	ts.Check(os.WriteFile(ts.MkAbs(args[0]), []byte(strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)), 0o644))
 }
 
 // waiters NAME N waits (up to 30s) until N withlock processes wait for NAME

@@ -16,6 +16,7 @@ import (
 // Main runs withlock with os.Args and returns the exit status. It serves
 // both main.go and the tests.
 func Main() int {
+	catchStopsAsPID1()
 	return run(os.Args[1:], os.Stdout, os.Stderr)
 }
 

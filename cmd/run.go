@@ -299,7 +299,11 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 	// once the command runs they are forwarded to it.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, exec.Forwarded...)
-	defer signal.Stop(sigs)
+	forwarding.Store(true)
+	defer func() {
+		forwarding.Store(false)
+		signal.Stop(sigs)
+	}()
 
 	opts := lock.Options{
 		Mode:           f.mode(),
