@@ -108,8 +108,7 @@ EXIT STATUS
 		},
 	}
 	f.connFlags.register(c.Flags())
-	// check makes one attempt: the timeout bounds it, and retries nothing.
-	c.Flags().Lookup("connect-timeout").Usage = "give up on the backend after this long, then exit 69 (an unreachable one is not retried)"
+	oneAttempt(c.Flags())
 	c.Flags().BoolVar(&f.json, "json", false, "print one JSON object")
 	c.Flags().BoolVar(&f.sharedFS, "fs-shares-locks", false, "file://: the directory's network file system shares its locks between every host that uses it (a warning, not a failure)")
 	return c

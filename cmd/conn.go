@@ -25,6 +25,13 @@ func (f *connFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "format of withlock's own messages on stderr: text or json")
 }
 
+// oneAttempt is the text of --connect-timeout for the operators' commands
+// (status, release, check), which make one attempt: the timeout bounds it,
+// and nothing is retried.
+func oneAttempt(fs *pflag.FlagSet) {
+	fs.Lookup("connect-timeout").Usage = "give up on the backend after this long, then exit 69 (one attempt: an unreachable one is not retried)"
+}
+
 // setEnv makes the invocation's output follow the flags.
 func (f *connFlags) setEnv(env *environment) {
 	env.verbose, env.logFormat = f.verbose, f.logFormat

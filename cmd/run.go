@@ -191,7 +191,7 @@ The documentation, one page per backend: https://github.com/withlock/withlock/tr
 	fs.BoolVarP(&f.noWait, "no-wait", "n", false, "make one attempt; if NAME is held elsewhere, exit 75")
 	fs.DurationVarP(&f.timeout, "timeout", "t", 0, "give up waiting after this long and exit 75; 0 makes one attempt, as --no-wait (default: wait as long as it takes)")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", exitNotAcquired, "exit status when the lock is not acquired (cron: 0)")
-	fs.DurationVar(&f.ttl, "ttl", lock.DefaultTTL, "lease length; the lock is renewed or checked every ttl/3. Use the same --ttl for every user of NAME")
+	fs.DurationVar(&f.ttl, "ttl", lock.DefaultTTL, "lease length, at least 500ms; the lock is renewed or checked every ttl/3. Use the same --ttl for every user of NAME")
 	fs.DurationVar(&f.killAfter, "kill-after", 0, "when the lock is lost, KILL the command this long after TERM (default 5s, or ttl/3 when shorter); must be shorter than --ttl")
 	fs.StringVar(&f.onLost, "on-lost", "stop", "when the lock is lost: stop (TERM, KILL, exit 70) or ignore (warn, let the command finish)")
 	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep NAME held until this long after acquisition, even if the command ends sooner")
@@ -241,13 +241,20 @@ func (f *runFlags) check() error {
 		return usagef("--max-holders must be at least 1, not %d", f.maxHolders)
 	case f.timeout < 0 || f.holdAtLeast < 0:
 		return usagef("durations cannot be negative")
-	case f.ttl <= 0 || f.killAfter < 0 || f.killAfterSet && f.killAfter == 0:
-		return usagef("--ttl and --kill-after must be positive")
+	case f.ttl < minTTL:
+		return usagef("--ttl must be at least %s, not %s: the lease is renewed every ttl/3, and a round trip to the backend must fit in that", minTTL, f.ttl)
+	case f.killAfter < 0 || f.killAfterSet && f.killAfter == 0:
+		return usagef("--kill-after must be positive")
 	case f.killAfter >= f.ttl:
 		return usagef("--kill-after (%s) must be shorter than --ttl (%s), so the command is gone before the lease can expire", f.killAfter, f.ttl)
 	}
 	return nil
 }
+
+// minTTL is the shortest --ttl: a renewal every ttl/3 must leave time for
+// a round trip to a busy backend, and a process descheduled for a moment
+// would otherwise seem to have been suspended.
+const minTTL = 500 * time.Millisecond
 
 // mode is the lock mode the flags ask for. A semaphore of 1 is an exclusive
 // lock (docs/behaviour.md, Modes), and is taken as one, so that it excludes and is excluded

@@ -96,6 +96,7 @@ EXIT STATUS
 		},
 	}
 	f.connFlags.register(c.Flags())
+	oneAttempt(c.Flags())
 	c.Flags().BoolVar(&f.json, "json", false, "print one JSON object per lock")
 	return c
 }
