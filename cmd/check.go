@@ -47,7 +47,9 @@ One line per check on stdout: the verdict, the check's name, what it found
 and, after "; ", what to do about it. With --json, one JSON object: backend,
 url (never with its password), ok (no check failed), and checks, each with
 name, status (the verdict), detail and fix (empty when there is nothing to
-do).
+do). When the backend cannot be reached or refuses withlock, --json prints
+that object too, ok false and one failed check named connect, and the exit
+status is 69.
 
 VERDICTS
 
@@ -91,14 +93,14 @@ EXIT STATUS
 		RunE: func(c *cobra.Command, args []string) error {
 			client, err := f.openWith(env, lock.Options{SharedFS: f.sharedFS})
 			if err != nil {
-				return err
+				return f.unreached(env, err)
 			}
 			defer client.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), f.connectTimeout)
 			defer cancel()
 			findings, err := client.Check(ctx)
 			if err != nil {
-				return err
+				return f.unreached(env, err)
 			}
 			failed := f.print(env.stdout, findings)
 			if failed {
@@ -112,6 +114,17 @@ EXIT STATUS
 	c.Flags().BoolVar(&f.json, "json", false, "print one JSON object")
 	c.Flags().BoolVar(&f.sharedFS, "fs-shares-locks", false, "file://: the directory's network file system shares its locks between every host that uses it (a warning, not a failure)")
 	return c
+}
+
+// unreached returns err, a failure to reach or use the backend, after
+// printing, with --json, the object a script expects: ok false and one
+// failed check, connect, that says why. The exit status stays 69.
+func (f *checkFlags) unreached(env *environment, err error) error {
+	if f.json && f.db != "" && (errors.Is(err, lock.ErrUnavailable) || errors.Is(err, lock.ErrRefused)) {
+		f.print(env.stdout, []lock.Finding{{Name: "connect", Status: lock.Fail, Detail: err.Error(),
+			Fix: "make the backend reachable, with credentials and rights that may take a lock, then check again"}})
+	}
+	return err
 }
 
 // print writes the findings, and says whether one failed.
