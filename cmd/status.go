@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -125,6 +127,7 @@ func describe(st lock.State) string {
 	if name == "" {
 		name = st.Key
 	}
+	name = printable(name)
 	if len(st.Holders) == 0 {
 		return name + ": free"
 	}
@@ -150,7 +153,7 @@ func describe(st lock.State) string {
 func holderID(h lock.Holder) string {
 	var parts []string
 	if h.Host != "" {
-		parts = append(parts, h.Host)
+		parts = append(parts, printable(h.Host))
 	}
 	if h.PID != 0 {
 		parts = append(parts, "pid "+strconv.Itoa(h.PID))
@@ -176,7 +179,22 @@ func describeHolder(h lock.Holder) string {
 		s += " (" + h.Session + ")"
 	}
 	if len(h.Command) > 0 {
-		s += ": " + strings.Join(h.Command, " ")
+		args := make([]string, len(h.Command))
+		for i, a := range h.Command {
+			args[i] = printable(a)
+		}
+		s += ": " + strings.Join(args, " ")
+	}
+	return s
+}
+
+// printable is s for a line of text output: s itself if every character
+// of it is printable, else s quoted as Go quotes strings ("a\nb"), so that
+// a NAME or an argument with a newline or an escape sequence keeps to its
+// line and cannot move the terminal's cursor.
+func printable(s string) string {
+	if !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }) {
+		return strconv.Quote(s)
 	}
 	return s
 }

@@ -28,6 +28,10 @@ func TestDescribe(t *testing.T) {
 			"advisory lock (1, 2): held by pid 9"},
 		{lock.State{Key: "advisory lock (1, 2)", Mode: lock.Exclusive, Holders: []lock.Holder{{Host: "10.0.0.7", Session: "postgres pid 77, user app"}}},
 			"advisory lock (1, 2): held (exclusive) by 10.0.0.7 (postgres pid 77, user app)"},
+		// Control characters keep to the line: quoted, as Go quotes.
+		{lock.State{Name: "a\nb: free", Mode: lock.Exclusive, Holders: []lock.Holder{{Host: "h", PID: 1, Command: []string{"sh", "-c", "echo \x1b[2J"}}}},
+			`"a\nb: free": held (exclusive) by h pid 1: sh -c "echo \x1b[2J"`},
+		{lock.State{Name: "zü a"}, "zü a: free"},
 	} {
 		if got := describe(tc.st); got != tc.want {
 			t.Errorf("describe(%+v)\n got %q\nwant %q", tc.st, got, tc.want)

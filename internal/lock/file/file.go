@@ -22,14 +22,14 @@ func init() {
 const maxEscaped = 200
 
 // FileName returns the lock file's name for a lock name: every byte outside
-// [A-Za-z0-9._-] becomes %XX, so no name can leave the directory or collide
-// with another, and an escaped form longer than 200 bytes becomes
-// sha256-<hex>. The result ends in ".lock".
+// [A-Za-z0-9._-], and a leading dot, becomes %XX, so no name can leave the
+// directory, collide with another or hide from ls, and an escaped form
+// longer than 200 bytes becomes sha256-<hex>. The result ends in ".lock".
 func FileName(name string) string {
 	var b strings.Builder
 	for i := 0; i < len(name); i++ {
 		c := name[i]
-		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-' {
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' && i > 0 || c == '_' || c == '-' {
 			b.WriteByte(c)
 		} else {
 			fmt.Fprintf(&b, "%%%02X", c)

@@ -38,7 +38,10 @@ func TestFileName(t *testing.T) {
 	for _, tc := range []struct{ name, want string }{
 		{"plain", "plain.lock"},
 		{"Az09._-", "Az09._-.lock"},
-		{"../../etc/passwd", "..%2F..%2Fetc%2Fpasswd.lock"},
+		{"../../etc/passwd", "%2E.%2F..%2Fetc%2Fpasswd.lock"},
+		// A leading dot would hide the file from ls.
+		{".hidden", "%2Ehidden.lock"},
+		{"a.b.", "a.b..lock"},
 		{"a b", "a%20b.lock"},
 		{"a%2Fb", "a%252Fb.lock"},
 		{"\x00\x1f~*\xab\xff", "%00%1F%7E%2A%AB%FF.lock"},
