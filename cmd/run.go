@@ -144,10 +144,11 @@ EXIT STATUS
 - 69: the backend is unavailable: not reached within --connect-timeout,
   or it refused (authentication, permission, TLS), or it cannot hold a
   lock for everyone (a standby, a replica, a pooler in transaction mode, a
-  Galera cluster). withlock-check(1) finds these before anything depends on
-  the backend.
+  Galera cluster), or it could not vouch within --connect-timeout that NAME
+  is free (a Redis up for less than --ttl). withlock-check(1) finds these
+  before anything depends on the backend.
 - 70: the lock was lost while COMMAND ran, and COMMAND was stopped.
-- 75: not acquired: held elsewhere with --no-wait, or --timeout passed
+- 75: not acquired: held, with --no-wait, or --timeout passed
   (see --conflict-exit-code).
 - 126, 127: COMMAND is not executable, or not found.
 - 128+S: withlock was stopped by signal S while waiting; COMMAND never ran.
@@ -188,7 +189,7 @@ The documentation, one page per backend: https://github.com/withlock/withlock/tr
 	}
 	fs := c.Flags()
 	f.connFlags.register(fs)
-	fs.BoolVarP(&f.noWait, "no-wait", "n", false, "make one attempt; if NAME is held elsewhere, exit 75")
+	fs.BoolVarP(&f.noWait, "no-wait", "n", false, "make one attempt; if NAME is held, exit 75, naming the holder")
 	fs.DurationVarP(&f.timeout, "timeout", "t", 0, "give up waiting after this long and exit 75; 0 makes one attempt, as --no-wait (default: wait as long as it takes)")
 	fs.IntVar(&f.conflictCode, "conflict-exit-code", exitNotAcquired, "exit status when the lock is not acquired (cron: 0)")
 	fs.DurationVar(&f.ttl, "ttl", lock.DefaultTTL, "lease length, at least 500ms; the lock is renewed or checked every ttl/3. Use the same --ttl for every user of NAME")
@@ -323,6 +324,13 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 		Holder:         lock.Holder{Host: lock.Hostname(), PID: os.Getpid(), Command: argv},
 		Log:            log,
 	}
+	openQuiet := func() (*lock.Client, error) {
+		return lock.Open(dbURL, lock.Options{ConnectTimeout: f.connectTimeout, Holder: opts.Holder, Log: quietLogger})
+	}
+	stopSaying := func() {}
+	if env.verbose && !f.noWait {
+		opts.OnWait, stopSaying = sayWhoHolds(log, openQuiet, name)
+	}
 	client, err := lock.Open(dbURL, opts)
 	if err != nil {
 		return 0, err
@@ -331,9 +339,7 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 
 	var stopLine func()
 	if env.terminal > 0 && env.logFormat == "text" && !env.verbose && !f.noWait {
-		stopLine = startWaitLine(env.stderr, func() (*lock.Client, error) {
-			return lock.Open(dbURL, lock.Options{ConnectTimeout: f.connectTimeout, Holder: opts.Holder, Log: quietLogger})
-		}, name, env.terminal)
+		stopLine = startWaitLine(env.stderr, openQuiet, name, env.terminal)
 	}
 	// The command is looked up before the wait, so that the hand-off does
 	// not pay for the search; one not found yet is looked up again once
@@ -345,6 +351,7 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 		oneAttempt = "--no-wait"
 	}
 	held, err := acquire(client, name, f.timeout, oneAttempt, sigs)
+	stopSaying()
 	if stopLine != nil {
 		stopLine()
 	}
@@ -432,8 +439,12 @@ func acquire(c *lock.Client, name string, timeout time.Duration, oneAttempt stri
 				r.held.Release(context.Background())
 				return nil, context.Cause(ctx)
 			}
-			if errors.Is(r.err, lock.ErrHeld) && c.Options().NoWait {
-				r.err = lock.Errorf(lock.ErrHeld, "%q is held elsewhere (%s)", name, oneAttempt)
+			var timedOut timeoutError
+			switch {
+			case errors.Is(r.err, lock.ErrHeld) && c.Options().NoWait:
+				r.err = restated{fmt.Sprintf("%q is %s (%s)", name, heldBy(c, name), oneAttempt), r.err}
+			case errors.Is(r.err, lock.ErrHeld) && errors.As(context.Cause(ctx), &timedOut):
+				r.err = restated{fmt.Sprintf("%s, %s", timedOut, heldBy(c, name)), r.err}
 			}
 			return r.held, r.err
 		}

@@ -131,11 +131,17 @@ func describe(st lock.State) string {
 	if len(st.Holders) == 0 {
 		return name + ": free"
 	}
+	return name + ": " + heldText(st)
+}
+
+// heldText says how and by whom a held lock is held: "held (exclusive) by
+// web-1 pid 4242 since ...: migrate up".
+func heldText(st lock.State) string {
 	mode := string(st.Mode)
 	if st.Mode == lock.Semaphore && st.MaxHolders > 0 {
 		mode = fmt.Sprintf("semaphore of %d", st.MaxHolders)
 	}
-	head := fmt.Sprintf("%s: held", name)
+	head := "held"
 	if mode != "" {
 		head += " (" + mode + ")"
 	}

@@ -119,7 +119,7 @@ func waiting(work, wl, url string, m serverMeter) (alone, crowd waitCost, err er
 	for i := range waiters {
 		for {
 			b, _ := os.ReadFile(f(fmt.Sprintf("waiter%d.log", i)))
-			if strings.Contains(string(b), "held elsewhere; waiting") {
+			if strings.Contains(string(b), "held; waiting") {
 				break
 			}
 			time.Sleep(10 * time.Millisecond)

@@ -133,9 +133,12 @@ func (c *Client) Acquire(ctx context.Context, name string) (*Held, error) {
 				return nil, err
 			}
 			if !saidWaiting {
-				log.Debug("held elsewhere; waiting")
+				log.Debug("held; waiting")
 				saidWaiting = true
 				waitingSince = time.Now()
+				if opts.OnWait != nil {
+					opts.OnWait()
+				}
 				if canWait {
 					continue // into the server-side wait
 				}

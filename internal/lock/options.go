@@ -60,6 +60,10 @@ type Options struct {
 	// Log receives Debug lines about each step and Warn lines about
 	// trouble that does not end the lock. Nil discards them.
 	Log *slog.Logger
+	// OnWait, if not nil, is called once, when Acquire first finds the
+	// lock held and begins to wait (not with NoWait): withlock -v then
+	// says who holds it.
+	OnWait func()
 
 	// clock is what the loops judge a lease's life by; nil means the
 	// system's (tests give a clock of their own).

@@ -407,7 +407,7 @@ func (h *harness) run(kill context.Context, contender, seq int) (Run, error) {
 			if r.LostAt == 0 && strings.Contains(line, "lost the lock") {
 				r.LostAt = now()
 			}
-			if h.waiting != nil && strings.Contains(line, "held elsewhere; waiting") {
+			if h.waiting != nil && strings.Contains(line, "held; waiting") {
 				h.waiting()
 			}
 			tail = append(tail, strings.TrimSpace(line))

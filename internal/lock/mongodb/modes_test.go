@@ -188,7 +188,7 @@ func TestSharedHolders(t *testing.T) {
 					return true
 				})
 				warnings = append(warnings, msg)
-			case r.Message == "held elsewhere; waiting":
+			case r.Message == "held; waiting":
 				waiting++
 			}
 		}))
