@@ -140,6 +140,11 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 	watcher, _ := h.lease.(Watcher)
 	for {
 		if err := h.waitUntil(waitCtx, watcher, lastOK, min(next, life), slice); err != nil {
+			if ran := lastOK.to(clk.now()); ran >= life && lastErr == nil {
+				// The watch saw the lease go because this process did not
+				// run to renew it: say that, the cause.
+				err = Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", life.Round(time.Millisecond), ran.Round(time.Millisecond))
+			}
 			h.giveUp(err)
 			return
 		}

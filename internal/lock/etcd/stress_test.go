@@ -54,9 +54,19 @@ func testModesStress(t *testing.T, e *testenv.Etcd, url string) {
 			if r.Who != 0 {
 				return locktest.Stint{}, false, nil
 			}
+			if session != nil {
+				select {
+				case <-session.Done():
+					// Its lease ran out: the client's keep-alive, on a
+					// machine this busy, did not run in time. A new one.
+					session.Close()
+					session = nil
+				default:
+				}
+			}
 			if session == nil {
 				var err error
-				if session, err = concurrency.NewSession(admin, concurrency.WithTTL(3)); err != nil {
+				if session, err = concurrency.NewSession(admin, concurrency.WithTTL(10)); err != nil {
 					return locktest.Stint{}, true, err
 				}
 			}

@@ -17,7 +17,12 @@ import (
 // a waiter that gets the lock once, and only once, the holder lets go.
 func handOff(t *testing.T, url string) {
 	t.Helper()
-	opts := lock.Options{TTL: 3 * time.Second, Grace: time.Second}
+	handOffWith(t, url, lock.Options{TTL: 3 * time.Second, Grace: time.Second})
+}
+
+// handOffWith is handOff with opts' ttl and grace.
+func handOffWith(t *testing.T, url string, opts lock.Options) {
+	t.Helper()
 	name := locktest.Name(t)
 	holder, err := locktest.Open(t, url, opts).Acquire(locktest.Context(t), name)
 	if err != nil {
@@ -130,7 +135,10 @@ func TestGRPCProxy(t *testing.T) {
 			}
 			return
 		}
-		handOff(t, viaProxy)
+		// The proxy answers a renewal when it next renews the lease
+		// itself, up to a third of the ttl later: a ttl of some seconds
+		// leaves room for that on a busy machine.
+		handOffWith(t, viaProxy, lock.Options{TTL: 9 * time.Second, Grace: 2 * time.Second})
 		name := locktest.Name(t)
 		h, err := locktest.Open(t, viaProxy, lock.Options{}).Acquire(locktest.Context(t), name)
 		if err != nil {

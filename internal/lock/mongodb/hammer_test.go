@@ -102,7 +102,12 @@ func hammer(t *testing.T, mode func(c int) lock.Options) {
 		watched        = make(chan []doc, 1)
 		c              = locks(t, m.URL)
 	)
-	go func() { watched <- watch(ctx, t, m.URL, c, name, &read, &finished) }()
+	// The watcher has time of its own to read the rest once the clients
+	// stop: a FerretDB on a machine busy with other work fails or delays
+	// many reads, and the chain waits for it (gcFloor).
+	wctx, wcancel := context.WithCancel(t.Context())
+	defer wcancel()
+	go func() { watched <- watch(wctx, t, m.URL, c, name, &read, &finished) }()
 	for c := range clients {
 		opts := mode(c)
 		opts.TTL, opts.Grace, opts.Holder = ttl, grace, lock.Holder{Host: fmt.Sprintf("client%d", c), PID: c + 1}
@@ -181,6 +186,7 @@ func hammer(t *testing.T, mode func(c int) lock.Options) {
 	}
 	wg.Wait()
 	finished.Store(true)
+	time.AfterFunc(3*time.Minute, wcancel)
 	for e, n := range errs {
 		t.Logf("%d × %s", n, e)
 	}
