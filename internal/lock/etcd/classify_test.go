@@ -60,6 +60,12 @@ func TestClassify(t *testing.T) {
 	if got := several.classify(rpctypes.ErrGRPCNotSupportedForLearner); !errors.Is(got, lock.ErrUnavailable) {
 		t.Errorf("a learner's answer, several endpoints: %v; want ErrUnavailable", got)
 	}
+	// An error sorted already (the connection's) is kept as it is, not
+	// wrapped in its own words again.
+	sorted := lock.Unreachable("etcd at 127.0.0.1:2379", "connection refused")
+	if got := b.classify(sorted); got != sorted {
+		t.Errorf("classify(%v) = %v; want it unchanged", sorted, got)
+	}
 	// The caller's own cancellation says nothing about the server.
 	if got := b.classify(context.Canceled); !errors.Is(got, context.Canceled) || errors.Is(got, lock.ErrUnavailable) {
 		t.Errorf("classify(context.Canceled) = %v; want context.Canceled alone", got)

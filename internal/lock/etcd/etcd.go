@@ -253,6 +253,9 @@ func (b *backend) call(ctx context.Context) (context.Context, context.CancelFunc
 // ErrRefused.
 func (b *backend) classify(err error) error {
 	what := "etcd at " + b.addr
+	if errors.Is(err, lock.ErrUnavailable) || errors.Is(err, lock.ErrRefused) {
+		return err // sorted already (conn's)
+	}
 	if errors.Is(err, context.Canceled) && !isStatus(err) {
 		// The caller gave up (a signal, Release cutting a Keep off): that
 		// says nothing about the server.
