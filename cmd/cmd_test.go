@@ -38,6 +38,9 @@ func TestSplitArgs(t *testing.T) {
 		{[]string{"true"}, 0, "", nil},
 		{[]string{"job"}, 1, "", nil},
 		{[]string{"a", "b", "true"}, 2, "", nil},
+		// A command misspelt, without "--": a usage error, not a lock.
+		{[]string{"stauts"}, -1, "", nil},
+		{[]string{"releas", "hello"}, -1, "", nil},
 	} {
 		name, argv, err := splitArgs(tc.args, tc.dash)
 		desc := fmt.Sprintf("splitArgs(%q, %d)", tc.args, tc.dash)
@@ -49,6 +52,14 @@ func TestSplitArgs(t *testing.T) {
 		}
 		if err != nil && exitCode(err, exitNotAcquired) != exitUsage {
 			t.Errorf("%s: %v exits %d, want %d", desc, err, exitCode(err, exitNotAcquired), exitUsage)
+		}
+	}
+}
+
+func TestNearCommand(t *testing.T) {
+	for word, want := range map[string]string{"stauts": "status", "releas": "release", "chekc": "check", "verison": "version", "status": "", "job": "", "nightly": "", "ru": ""} {
+		if got := nearCommand(word); got != want {
+			t.Errorf("nearCommand(%q) = %q, want %q", word, got, want)
 		}
 	}
 }

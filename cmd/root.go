@@ -104,6 +104,20 @@ func newRootCmd(env *environment) *cobra.Command {
 		newCheckCmd(env),
 		newVersionCmd(env),
 	)
+	// cobra's completion command shows its help for a shell it does not
+	// know, and exits 0; a script that asked for one must hear it failed.
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			c.Args = cobra.ArbitraryArgs
+			c.RunE = func(c *cobra.Command, args []string) error {
+				if len(args) > 0 {
+					return usagef("unknown shell %q: withlock completion takes bash, fish, powershell or zsh", args[0])
+				}
+				return c.Help()
+			}
+		}
+	}
 	root.SetOut(env.stdout)
 	root.SetErr(env.stderr)
 	return root

@@ -205,6 +205,11 @@ The documentation, one page per backend: https://github.com/withlock/withlock/tr
 // at least one after it.
 func splitArgs(args []string, dash int) (string, []string, error) {
 	if dash < 0 {
+		if len(args) > 0 {
+			if sub := nearCommand(args[0]); sub != "" {
+				return "", nil, usagef("unknown command %q; did you mean %q? (a lock named %q takes -- COMMAND after it)", args[0], sub, args[0])
+			}
+		}
 		switch len(args) {
 		case 0:
 			return "", nil, usagef("missing NAME and -- COMMAND")
@@ -224,6 +229,42 @@ func splitArgs(args []string, dash int) (string, []string, error) {
 		return "", nil, usagef("missing COMMAND after --")
 	}
 	return before[0], after, nil
+}
+
+// subcommands are withlock's commands, for nearCommand.
+var subcommands = []string{"run", "status", "release", "check", "version", "help", "completion"}
+
+// nearCommand is the command that word, given without "--" where a NAME
+// would be, was probably meant to be (one or two letters off: "stauts",
+// "releas"), or "".
+func nearCommand(word string) string {
+	for _, c := range subcommands {
+		if d := distance(word, c); d > 0 && d <= 2 && len(word) > 2 {
+			return c
+		}
+	}
+	return ""
+}
+
+// distance is the Levenshtein distance between a and b, in bytes.
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 // check validates the flags that cobra cannot.
