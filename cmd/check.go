@@ -110,6 +110,7 @@ EXIT STATUS
 		},
 	}
 	f.connFlags.register(c.Flags())
+	completeFlags(c)
 	oneAttempt(c.Flags())
 	c.Flags().BoolVar(&f.json, "json", false, "print one JSON object")
 	c.Flags().BoolVar(&f.sharedFS, "fs-shares-locks", false, "file://: the directory's network file system shares its locks between every host that uses it (a warning, not a failure)")

@@ -1,6 +1,9 @@
 package cmd
 
 import (
+	"context"
+	"github.com/spf13/cobra"
+	"io"
 	"net/url"
 	"os"
 	"time"
@@ -23,6 +26,51 @@ func (f *connFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", lock.DefaultConnectTimeout, "retry an unreachable backend this long, then exit 69")
 	fs.BoolVarP(&f.verbose, "verbose", "v", false, "say what withlock does and how long each step takes")
 	fs.StringVar(&f.logFormat, "log-format", "text", "format of withlock's own messages on stderr: text or json")
+}
+
+// completeFlags registers the completions of the connection flags of c:
+// --db's schemes and --log-format's values.
+func completeFlags(c *cobra.Command) {
+	c.RegisterFlagCompletionFunc("db", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		var s []string
+		for _, scheme := range lock.Schemes() {
+			s = append(s, scheme+"://")
+		}
+		return s, cobra.ShellCompDirectiveNoSpace
+	})
+	c.RegisterFlagCompletionFunc("log-format", cobra.FixedCompletions([]string{"text", "json"}, cobra.ShellCompDirectiveNoFileComp))
+}
+
+// completeHeld completes a NAME argument with the names of the locks held
+// on the backend the flags give (withlock status without NAME), asked
+// with a short timeout; nothing when it cannot be reached.
+func (f *connFlags) completeHeld(env *environment) cobra.CompletionFunc {
+	return func(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+		if len(args) > 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		quiet := *env
+		quiet.stderr = &redactor{w: io.Discard}
+		f.connectTimeout = min(f.connectTimeout, 2*time.Second)
+		client, err := f.openWith(&quiet, lock.Options{Log: quietLogger})
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		defer client.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), f.connectTimeout)
+		defer cancel()
+		held, err := client.List(ctx)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		var names []string
+		for _, st := range held {
+			if st.Name != "" {
+				names = append(names, st.Name)
+			}
+		}
+		return names, cobra.ShellCompDirectiveNoFileComp
+	}
 }
 
 // oneAttempt is the text of --connect-timeout for the operators' commands

@@ -94,6 +94,8 @@ EXIT STATUS
 		},
 	}
 	f.connFlags.register(c.Flags())
+	completeFlags(c)
+	c.ValidArgsFunction = f.completeHeld(env)
 	oneAttempt(c.Flags())
 	c.Flags().BoolVar(&f.force, "force", false, "break the lock, whoever holds it (required)")
 	c.Flags().DurationVar(&f.timeout, "timeout", 10*time.Second, "how long to wait for the holders to let go")

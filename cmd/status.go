@@ -98,6 +98,8 @@ EXIT STATUS
 		},
 	}
 	f.connFlags.register(c.Flags())
+	completeFlags(c)
+	c.ValidArgsFunction = f.completeHeld(env)
 	oneAttempt(c.Flags())
 	c.Flags().BoolVar(&f.json, "json", false, "print one JSON object per lock")
 	return c
