@@ -54,6 +54,9 @@ func Open(rawURL string, opts Options) (*Client, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Scheme == "" {
 		// Not shown: where a password stands in it cannot be known.
+		if unencodedUserinfo(rawURL) {
+			return nil, Errorf(ErrUsage, "the backend URL is not a URL: its user or password has a character that must be percent-encoded: / as %%2F, # as %%23, ? as %%3F, %% as %%25 (and : in the user as %%3A)")
+		}
 		return nil, Errorf(ErrUsage, "the backend URL is not a URL of the form scheme://...; %s", schemesHint())
 	}
 	scheme := strings.ToLower(u.Scheme)
@@ -68,6 +71,19 @@ func Open(rawURL string, opts Options) (*Client, error) {
 		return nil, err
 	}
 	return &Client{Backend: b, opts: opts}, nil
+}
+
+// unencodedUserinfo reports whether raw, a URL that does not parse, looks
+// like scheme://USER:PASSWORD@HOST... with a "/", "#" or "?" in USER or
+// PASSWORD, which end the host part where they stand: an "@" after one of
+// them, before the first "/" that follows it.
+func unencodedUserinfo(raw string) bool {
+	_, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return false
+	}
+	i := strings.IndexAny(rest, "/#?")
+	return i >= 0 && strings.Contains(rest[i:], "@")
 }
 
 func schemesHint() string {
