@@ -87,7 +87,7 @@ EXIT STATUS
   withlock check && withlock dbmigration -- migrate up     # in a deploy script, with WITHLOCK_DB set
   withlock check --db file:///mnt/locks --fs-shares-locks  # an NFS mount whose locks every host shares
   withlock check --json --db redis://cache.internal | jq '.checks[] | select(.status != "ok")'`,
-		Args:          cobra.NoArgs,
+		Args:          noArgs("check"),
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		RunE: func(c *cobra.Command, args []string) error {

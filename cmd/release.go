@@ -59,7 +59,12 @@ EXIT STATUS
 - 75: the lock could not be broken within --timeout.`,
 		Example: `  withlock status dbmigration            # see who holds it first
   withlock release --force dbmigration`,
-		Args:          cobra.ExactArgs(1),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("release takes one NAME, not %d arguments: withlock release --force NAME", len(args))
+			}
+			return nil
+		},
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		RunE: func(c *cobra.Command, args []string) error {

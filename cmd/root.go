@@ -27,13 +27,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	root := newRootCmd(env)
 	root.SetArgs(args)
-	err := root.Execute()
+	c, err := root.ExecuteC()
 	if err == nil {
 		return env.status
 	}
 	code := exitCode(err, env.conflictCode)
 	if code == exitUsage {
-		err = fmt.Errorf("%w (see withlock --help)", err)
+		// The help of the command that complained: withlock status
+		// --help for a mistake in a status command line.
+		path := "withlock"
+		if c != nil {
+			path = c.CommandPath()
+		}
+		err = fmt.Errorf("%w (see %s --help)", err, path)
 	}
 	var said reported
 	if !errors.As(err, &said) && (!quiet(err, code) || env.verbose) {
@@ -121,4 +127,14 @@ func newRootCmd(env *environment) *cobra.Command {
 	root.SetOut(env.stdout)
 	root.SetErr(env.stderr)
 	return root
+}
+
+// noArgs is cobra.NoArgs in withlock's words, for the command named cmd.
+func noArgs(cmd string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return usagef("%s takes no arguments, not %q", cmd, args)
+		}
+		return nil
+	}
 }

@@ -68,7 +68,12 @@ EXIT STATUS
 		Example: `  withlock status --db postgres://ops@db.internal/app dbmigration
   withlock status --json dbmigration | jq .holders
   withlock status --db redis://cache.internal`,
-		Args:          cobra.MaximumNArgs(1),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return usagef("status takes one NAME, or none to list every lock held, not %d arguments", len(args))
+			}
+			return nil
+		},
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		RunE: func(c *cobra.Command, args []string) error {

@@ -132,7 +132,7 @@ EXIT STATUS
 - 0: always, unless stdout cannot be written.`,
 		Example: `  withlock version
   withlock version --json | jq -r .version`,
-		Args: cobra.NoArgs,
+		Args: noArgs("version"),
 		RunE: func(*cobra.Command, []string) error {
 			info := readBuildInfo()
 			if !asJSON {
