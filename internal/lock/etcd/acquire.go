@@ -158,7 +158,7 @@ func (b *backend) resume(ctx context.Context, name string) (*lease, []entry, int
 		l.drop(ctx)
 		return b.enqueue(ctx, name)
 	}
-	q, i, err := l.requeue(ctx)
+	q, i, err := l.requeue(ctx, true)
 	switch {
 	case err == nil:
 		return l, q, i, nil
@@ -207,14 +207,14 @@ func (l *lease) waitTurn(ctx context.Context, q []entry, i, wait int) ([]entry, 
 			// waits for its streams to end before it can be started
 			// again, and the requests that follow may not reach it.
 			cancel()
-			return l.requeue(ctx)
+			return l.requeue(ctx, true)
 		case resp, ok := <-wch:
 			if !ok || resp.Err() != nil {
 				// Compacted, cancelled (the member lost its leader, the
 				// token was refused): read the queue as it is now.
 				l.b.watchRefused(resp.Err())
 				cancel()
-				return l.requeue(ctx)
+				return l.requeue(ctx, true)
 			}
 			for _, ev := range resp.Events {
 				k := string(ev.Kv.Key)
@@ -225,19 +225,28 @@ func (l *lease) waitTurn(ctx context.Context, q []entry, i, wait int) ([]entry, 
 				if j < 0 {
 					continue
 				}
+				// The hand-off: one request, the lease's last renewal
+				// (at most KeepInterval ago) is the lock's start.
 				cancel()
-				return l.requeue(ctx)
+				return l.requeue(ctx, false)
 			}
 		}
 	}
 }
 
-// requeue reads the queue again, if the key is still there, and meanwhile
-// renews the lease: the lock may be about to be ours, and its life runs
-// from that renewal (Acquire returns it). Both fail if the key is gone.
-func (l *lease) requeue(ctx context.Context) ([]entry, int, error) {
+// requeue reads the queue again, if the key is still there, and, with
+// renew, meanwhile renews the lease. Either fails if the key is gone. The
+// lock may be about to be ours, and its life runs from the lease's last
+// renewal (Acquire returns it): the wait renews it every KeepInterval, so
+// that a hand-off, woken by the deletion it waited for, needs no renewal
+// of its own, only the read.
+func (l *lease) requeue(ctx context.Context, renew bool) ([]entry, int, error) {
 	renewed := make(chan error, 1)
-	go func() { renewed <- l.renew(ctx) }()
+	if renew {
+		go func() { renewed <- l.renew(ctx) }()
+	} else {
+		renewed <- nil
+	}
 	cctx, cancel := l.b.call(ctx)
 	defer cancel()
 	c, err := l.b.conn(cctx)
