@@ -102,8 +102,8 @@ func hammer(t *testing.T, mode func(c int) lock.Options) {
 		watched        = make(chan []doc, 1)
 		c              = locks(t, m.URL)
 	)
-	// The watcher has time of its own to read the rest once the clients
-	// stop: a FerretDB on a machine busy with other work fails or delays
+	// The watcher has time of its own (6 minutes) to read the rest once
+	// the clients stop: a FerretDB on a machine busy with other work fails or delays
 	// many reads, and the chain waits for it (gcFloor).
 	wctx, wcancel := context.WithCancel(t.Context())
 	defer wcancel()
@@ -186,7 +186,7 @@ func hammer(t *testing.T, mode func(c int) lock.Options) {
 	}
 	wg.Wait()
 	finished.Store(true)
-	time.AfterFunc(3*time.Minute, wcancel)
+	time.AfterFunc(6*time.Minute, wcancel)
 	for e, n := range errs {
 		t.Logf("%d × %s", n, e)
 	}
