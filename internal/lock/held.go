@@ -143,7 +143,7 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 			if ran := lastOK.to(clk.now()); ran >= life && lastErr == nil {
 				// The watch saw the lease go because this process did not
 				// run to renew it: say that, the cause.
-				err = Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", life.Round(time.Millisecond), ran.Round(time.Millisecond))
+				err = notRun(life, ran)
 			}
 			h.giveUp(err)
 			return
@@ -160,7 +160,7 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 				// deadline (stopped, a VM paused, a laptop asleep),
 				// and the lock may be someone else's by now. Giving
 				// up here, before any write, leaves a new holder be.
-				h.giveUp(Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", life.Round(time.Millisecond), ran.Round(time.Millisecond)))
+				h.giveUp(notRun(life, ran))
 				return
 			}
 			h.unanswered = true
@@ -181,7 +181,7 @@ func (h *Held) keep(waitCtx, keepCtx context.Context) {
 			// been applied before that, so the lease may still be ours:
 			// Release tries once.
 			h.unanswered = true
-			h.giveUp(Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", life.Round(time.Millisecond), lastOK.to(clk.now()).Round(time.Millisecond)))
+			h.giveUp(notRun(life, lastOK.to(clk.now())))
 			return
 		}
 		switch {
@@ -283,6 +283,13 @@ func (h *Held) waitUntil(ctx context.Context, w Watcher, from instant, due, slic
 			t.Reset(min(left, slice))
 		}
 	}
+}
+
+// notRun is the loss of a lock whose holder did not run for ran, past
+// life, the time a confirmation vouches for it: stopped, a VM paused, a
+// laptop asleep.
+func notRun(life, ran time.Duration) error {
+	return Errorf(ErrLost, "could not confirm it for %s: withlock did not run for %s (stopped or suspended?)", life.Round(time.Millisecond), ran.Round(time.Millisecond))
 }
 
 func (h *Held) giveUp(err error) {
