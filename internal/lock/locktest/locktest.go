@@ -418,9 +418,12 @@ func testAcquireHolds(t *testing.T, open OpenFunc) {
 
 // testHeldBeyondTTL: a lock taken through Acquire is kept (renewed, or its
 // session checked) with the lease length it was taken with, so it outlives
-// that length several times over and still excludes others.
+// that length several times over and still excludes others. The ttl is
+// short, to keep the test short, but leaves a renewal on a busy machine
+// (one that fetches a new auth token first, too) two thirds of a second to
+// be answered.
 func testHeldBeyondTTL(t *testing.T, open OpenFunc) {
-	const ttl = 900 * time.Millisecond
+	const ttl = 2 * time.Second
 	a, b := open(t, lock.Options{TTL: ttl}), open(t, lock.Options{})
 	name := Name(t)
 	h, err := a.Acquire(Context(t), name)
@@ -534,7 +537,7 @@ func runLease(t *testing.T, open OpenFunc, o Lease) {
 	t.Run("Expires", func(t *testing.T) {
 		// Short, but long enough that one attempt fits in ttl - grace on a
 		// loaded machine (a backend may bound its attempt by that).
-		const ttl = 1500 * time.Millisecond
+		const ttl = 2 * time.Second
 		a, b, name := withTTL(t, ttl), withTTL(t, 10*time.Second), Name(t)
 		la := mustTry(t, a, name)
 		_, err := b.TryAcquire(Context(t), name)
