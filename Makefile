@@ -7,13 +7,19 @@ DATE ?= $(shell TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:
 LDFLAGS := -s -w -X github.com/withlock/withlock/cmd.version=$(VERSION) \
 	-X github.com/withlock/withlock/cmd.commit=$(COMMIT) -X github.com/withlock/withlock/cmd.date=$(DATE)
 
-.PHONY: build test test-race test-e2e test-release lint deps bench stress dist image
+.PHONY: build man test test-race test-e2e test-release lint deps bench stress dist image
 
 # A static binary: no libc, runs in any container image. grpcnotrace keeps
 # gRPC's request tracing (golang.org/x/net/trace and what it links) out of
 # the etcd client: withlock never serves its pages.
 build:
 	CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags '$(LDFLAGS)' -o withlock .
+
+# The man pages and shell completions, from the source, as the packages
+# carry them: build/docs/man/withlock.1.gz (one page per command) and
+# build/docs/completions/. Read a page with man -l build/docs/man/withlock.1.gz.
+man:
+	cd internal/release && go run ./docs -version $(VERSION) -date $(DATE) ../../build/docs
 
 # Everything, against real servers, with the race detector; then the
 # release module's tests (they need Go modules only, not goreleaser).

@@ -25,7 +25,8 @@ func (f *connFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.db, "db", "", "backend URL (default $WITHLOCK_DB, else $PG_CONNECTION_STRING)")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", lock.DefaultConnectTimeout, "retry an unreachable backend this long, then exit 69")
 	fs.BoolVarP(&f.verbose, "verbose", "v", false, "say what withlock does and how long each step takes")
-	fs.StringVar(&f.logFormat, "log-format", "text", "format of withlock's own messages on stderr: text or json")
+	fs.StringVar(&f.logFormat, "log-format", "text", "withlock's own messages on stderr: text or json")
+	describeFlags(fs, connFlagDetail)
 }
 
 // completeFlags registers the completions of the connection flags of c:
@@ -77,7 +78,7 @@ func (f *connFlags) completeHeld(env *environment) cobra.CompletionFunc {
 // (status, release, check), which make one attempt: the timeout bounds it,
 // and nothing is retried.
 func oneAttempt(fs *pflag.FlagSet) {
-	fs.Lookup("connect-timeout").Usage = "give up on the backend after this long, then exit 69 (one attempt: an unreachable one is not retried)"
+	fs.Lookup("connect-timeout").Usage = "give up on the backend after D, then exit 69 (one attempt, no retries)"
 }
 
 // setEnv makes the invocation's output follow the flags.

@@ -94,7 +94,7 @@ func newRootCmd(env *environment) *cobra.Command {
 	// every exported method of every type it uses (the template may call
 	// any of them by name): that was 9 MB of the binary, go-redis's commands
 	// the largest part, and milliseconds of page faults in every start.
-	showVersion := root.Flags().Bool("version", false, "print the version, as withlock version does")
+	showVersion := root.Flags().Bool("version", false, "print the version")
 	run := root.RunE
 	root.RunE = func(c *cobra.Command, args []string) error {
 		if *showVersion {
@@ -123,6 +123,15 @@ func newRootCmd(env *environment) *cobra.Command {
 				return c.Help()
 			}
 		}
+	}
+	root.SetHelpCommand(newHelpCmd(env))
+	root.SetHelpFunc(printHelp)
+	// cobra adds -h to a command only when it runs it, after it has found
+	// the command among the arguments: until then it takes -h for a flag
+	// with a value, and withlock -h status for the root's -h=status.
+	root.InitDefaultHelpFlag()
+	for _, c := range root.Commands() {
+		c.InitDefaultHelpFlag()
 	}
 	root.SetOut(env.stdout)
 	root.SetErr(env.stderr)

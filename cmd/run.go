@@ -18,44 +18,18 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
-const examples = `  # Deploy step: run the migration on one host only; the others wait, then
-  # run it too (migrations are idempotent) or skip with --no-wait.
+const examples = `  # Deploy step: one host at a time runs the migration; the others wait.
   withlock --db postgres://deploy@db.internal/app dbmigration -- migrate up
-
-  # Cron entry on several hosts: the first to start runs the job, the rest
-  # exit quietly (status 0) instead of running it twice.
+  # Cron on several hosts: the first runs the job, the rest exit 0 quietly.
   */5 * * * * withlock -n --conflict-exit-code 0 --hold-at-least 1m report -- ./send-report
+  # Kubernetes init container: wait up to 10 minutes, saying who holds it.
+  withlock -v --timeout 10m schema-setup -- /app/setup-schema`
 
-  # Kubernetes init container: wait up to 10 minutes for the lock.
-  withlock --timeout 10m schema-setup -- /app/setup-schema
+// runLong is the description and reference of withlock and withlock run:
+// their man page, and the topics of withlock help.
+const runLong = `withlock runs COMMAND while holding the lock NAME in a shared backend, so
+that across every host, pod and cron daemon at most one copy runs at a time.
 
-  # One host, no server: the file backend takes the same lock as flock(1).
-  withlock --db file:///var/lock/withlock nightly -- ./nightly.sh`
-
-// runFlags are the flags of the run form (and of the bare form).
-type runFlags struct {
-	connFlags
-	noWait        bool
-	oneAttempt    string // the flag that asked for one attempt, for messages: "--no-wait" unless "--timeout 0"
-	timeout       time.Duration
-	conflictCode  int
-	ttl           time.Duration
-	killAfter     time.Duration // zero: lock's default, 5s or ttl/3 when shorter
-	killAfterSet  bool
-	maxHoldersSet bool
-	onLost        string
-	holdAtLeast   time.Duration
-	shared        bool
-	maxHolders    int
-}
-
-func newRunCmd(env *environment, use string) *cobra.Command {
-	f := &runFlags{}
-	c := &cobra.Command{
-		Use:   use,
-		Short: "Run COMMAND while holding the lock NAME",
-		Long: `withlock runs one command under a named lock held in a shared backend, so that
-across every host, pod and cron daemon at most one copy of it runs at a time.
 It waits for NAME (or gives up, with --no-wait or --timeout), runs COMMAND
 while it holds NAME, keeps the lock while COMMAND runs, and releases it when
 COMMAND exits. If the lock is lost, COMMAND is stopped; if withlock is
@@ -161,9 +135,31 @@ FILES
 - ~/.kube/config: the kubeconfig for k8s:// without $KUBECONFIG.
 - /var/run/secrets/kubernetes.io/serviceaccount: the pod's service account
   for k8s://.
-- ~/.pgpass: PostgreSQL passwords, as libpq reads them.
+- ~/.pgpass: PostgreSQL passwords, as libpq reads them.`
 
-The documentation, one page per backend: https://github.com/withlock/withlock/tree/main/docs`,
+// runFlags are the flags of the run form (and of the bare form).
+type runFlags struct {
+	connFlags
+	noWait        bool
+	oneAttempt    string // the flag that asked for one attempt, for messages: "--no-wait" unless "--timeout 0"
+	timeout       time.Duration
+	conflictCode  int
+	ttl           time.Duration
+	killAfter     time.Duration // zero: lock's default, 5s or ttl/3 when shorter
+	killAfterSet  bool
+	maxHoldersSet bool
+	onLost        string
+	holdAtLeast   time.Duration
+	shared        bool
+	maxHolders    int
+}
+
+func newRunCmd(env *environment, use string) *cobra.Command {
+	f := &runFlags{}
+	c := &cobra.Command{
+		Use:           use,
+		Short:         "Run COMMAND while holding the lock NAME",
+		Long:          runLong,
 		Example:       examples,
 		Args:          cobra.ArbitraryArgs,
 		SilenceErrors: true,
@@ -190,16 +186,17 @@ The documentation, one page per backend: https://github.com/withlock/withlock/tr
 	fs := c.Flags()
 	f.connFlags.register(fs)
 	completeFlags(c)
-	fs.BoolVarP(&f.noWait, "no-wait", "n", false, "make one attempt; if NAME is held, exit 75, naming the holder")
-	fs.DurationVarP(&f.timeout, "timeout", "t", 0, "give up waiting after this long and exit 75; 0 makes one attempt, as --no-wait (default: wait as long as it takes)")
-	fs.IntVar(&f.conflictCode, "conflict-exit-code", exitNotAcquired, "exit status when the lock is not acquired (cron: 0)")
-	fs.DurationVar(&f.ttl, "ttl", lock.DefaultTTL, "lease length, at least 500ms; the lock is renewed or checked every ttl/3. Use the same --ttl for every user of NAME")
-	fs.DurationVar(&f.killAfter, "kill-after", 0, "when the lock is lost, KILL the command this long after TERM (default 5s, or ttl/3 when shorter); must be shorter than --ttl")
-	fs.StringVar(&f.onLost, "on-lost", "stop", "when the lock is lost: stop (TERM, KILL, exit 70) or ignore (warn, let the command finish)")
+	fs.BoolVarP(&f.noWait, "no-wait", "n", false, "make one attempt: if NAME is held, exit 75, naming the holder")
+	fs.DurationVarP(&f.timeout, "timeout", "t", 0, "give up waiting after D and exit 75; 0: one attempt (default: no limit)")
+	fs.IntVar(&f.conflictCode, "conflict-exit-code", exitNotAcquired, "exit status when NAME is not acquired; cron: 0")
+	fs.DurationVar(&f.ttl, "ttl", lock.DefaultTTL, "lease length; give every user of NAME the same")
+	fs.DurationVar(&f.killAfter, "kill-after", 0, "on a lost lock, KILL this long after TERM (default 5s or ttl/3)")
+	fs.StringVar(&f.onLost, "on-lost", "stop", "on a lost lock: stop COMMAND (exit 70), or ignore it")
 	c.RegisterFlagCompletionFunc("on-lost", cobra.FixedCompletions([]string{"stop", "ignore"}, cobra.ShellCompDirectiveNoFileComp))
-	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep NAME held until this long after acquisition, even if the command ends sooner")
-	fs.BoolVar(&f.shared, "shared", false, "take NAME in shared mode: any number of shared holders at once, none while an exclusive holder holds it")
-	fs.IntVar(&f.maxHolders, "max-holders", 0, "make NAME a semaphore: at most N holders at once (every holder of NAME must give the same N)")
+	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep NAME held this long after acquiring, even if COMMAND ends")
+	fs.BoolVar(&f.shared, "shared", false, "take NAME shared: any number of shared holders, no exclusive one")
+	fs.IntVar(&f.maxHolders, "max-holders", 0, "make NAME a semaphore of N holders; give every holder the same N")
+	describeFlags(fs, runFlagDetail)
 	return c
 }
 

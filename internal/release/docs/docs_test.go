@@ -89,7 +89,7 @@ func TestManPagesStandAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	need := map[string][]string{
-		"withlock.1.gz":         {`.SH ENVIRONMENT`, `.SH EXIT STATUS`, `.SH SIGNALS`, `.SH FILES`, `.SH EXAMPLE`, `WITHLOCK_TOKEN`, `WITHLOCK_DB`, `--kill-after`},
+		"withlock.1.gz":         {`.SH ENVIRONMENT`, `.SH EXIT STATUS`, `.SH SIGNALS`, `.SH FILES`, `.SH EXAMPLE`, `WITHLOCK_TOKEN`, `WITHLOCK_DB`, `--kill-after`, `\fBflock\fP(1)`},
 		"withlock-status.1.gz":  {`.SH ENVIRONMENT`, `.SH EXIT STATUS`, `.SH EXAMPLE`},
 		"withlock-release.1.gz": {`.SH ENVIRONMENT`, `.SH EXIT STATUS`, `.SH EXAMPLE`},
 		"withlock-check.1.gz":   {`.SH OUTPUT`, `.SH VERDICTS`, `.SH ENVIRONMENT`, `.SH EXIT STATUS`, `.SH EXAMPLE`, `--fs-shares-locks`},
@@ -115,6 +115,48 @@ func TestManPagesStandAlone(t *testing.T) {
 		for _, w := range want {
 			if !bytes.Contains(text, []byte(w)) {
 				t.Errorf("%s lacks %q", page, w)
+			}
+		}
+	}
+}
+
+// The pages follow man-pages(7): OPTIONS right after DESCRIPTION, before
+// the reference sections; EXAMPLES and SEE ALSO last; each flag's value
+// named; no default shown that is not the default (--kill-after's depends
+// on --ttl).
+func TestManPageLayout(t *testing.T) {
+	dir := t.TempDir()
+	if err := write(dir, "1.2.3", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	pages, _ := filepath.Glob(filepath.Join(dir, "man", "*.1.gz"))
+	for _, page := range pages {
+		f, err := os.Open(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(zr)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(b)
+		var heads []string
+		for _, l := range strings.Split(text, "\n") {
+			if h, ok := strings.CutPrefix(l, ".SH "); ok {
+				heads = append(heads, strings.Trim(h, `"`))
+			}
+		}
+		if len(heads) < 4 || heads[0] != "NAME" || heads[1] != "SYNOPSIS" || heads[2] != "DESCRIPTION" || heads[3] != "OPTIONS" || heads[len(heads)-1] != "SEE ALSO" {
+			t.Errorf("%s: sections %q; want NAME, SYNOPSIS, DESCRIPTION, OPTIONS first and SEE ALSO last", filepath.Base(page), heads)
+		}
+		for _, bad := range []string{"=0s", `="`, `\fIduration`, `\fIstring`, `\fIint`} {
+			if strings.Contains(text, bad) {
+				t.Errorf("%s shows %q, cobra's form of a flag and its default", filepath.Base(page), bad)
 			}
 		}
 	}

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/cobra/doc"
 
 	"github.com/withlock/withlock/cmd"
 )
@@ -63,13 +62,7 @@ func write(dir, version string, date time.Time) error {
 	if err := os.MkdirAll(man, 0o755); err != nil {
 		return err
 	}
-	header := &doc.GenManHeader{
-		// No Title: cobra names each page after its command (WITHLOCK-STATUS).
-		Section: "1",
-		Date:    &date,
-		Source:  "withlock " + version,
-		Manual:  "withlock manual",
-	}
+	header := &manHeader{date: date, source: "withlock " + version, manual: "withlock manual"}
 	if err := genMan(root, header, man); err != nil {
 		return err
 	}
@@ -94,9 +87,9 @@ func write(dir, version string, date time.Time) error {
 	return nil
 }
 
-// genMan writes one gzipped page per command, as doc.GenManTree names them
-// (withlock-status.1), recursing like it does.
-func genMan(c *cobra.Command, header *doc.GenManHeader, dir string) error {
+// genMan writes one gzipped page per command, withlock-status.1.gz and so
+// on, recursing into subcommands; help topics are sections of withlock.1.
+func genMan(c *cobra.Command, header *manHeader, dir string) error {
 	for _, sub := range c.Commands() {
 		if !sub.IsAvailableCommand() || sub.IsAdditionalHelpTopicCommand() {
 			continue
@@ -105,49 +98,16 @@ func genMan(c *cobra.Command, header *doc.GenManHeader, dir string) error {
 			return err
 		}
 	}
-	h := *header
-	long := c.Long
-	c.Long = manSections(long)
-	defer func() { c.Long = long }()
-	var page bytes.Buffer
-	if err := doc.GenMan(c, &h, &page); err != nil {
-		return fmt.Errorf("man page of %q: %w", c.CommandPath(), err)
-	}
+	page := manPage(c, header)
 	name := strings.ReplaceAll(c.CommandPath(), " ", "-") + ".1.gz"
 	var gz bytes.Buffer
 	zw, err := gzip.NewWriterLevel(&gz, gzip.BestCompression) // zero header: no time, no name
 	if err != nil {
 		return err
 	}
-	zw.Write(page.Bytes())
+	zw.Write(page)
 	if err := zw.Close(); err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, name), gz.Bytes(), 0o644)
-}
-
-// manSections turns the headings of a command's Long text (a line of
-// capitals alone, such as EXIT STATUS, which reads as a heading in --help)
-// into sections of its man page. Everything else in Long is Markdown as
-// go-md2man reads it: paragraphs and "- " lists.
-func manSections(long string) string {
-	lines := strings.Split(long, "\n")
-	for i, l := range lines {
-		if isHeading(l) {
-			lines[i] = "# " + l
-		}
-	}
-	return strings.Join(lines, "\n")
-}
-
-func isHeading(line string) bool {
-	if len(line) < 2 || line[0] < 'A' || line[0] > 'Z' {
-		return false
-	}
-	for _, r := range line {
-		if (r < 'A' || r > 'Z') && r != ' ' {
-			return false
-		}
-	}
-	return true
 }
