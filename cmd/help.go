@@ -34,7 +34,7 @@ var flagInfo = map[string]struct{ group, value string }{
 	"fs-shares-locks":    {"Lock", ""},
 	"no-wait":            {"Waiting", ""},
 	"timeout":            {"Waiting", "D"},
-	"conflict-exit-code": {"Waiting", "CODE"},
+	"conflict-exit-code": {"Waiting", "N"},
 	"db":                 {"Connection", "URL"},
 	"connect-timeout":    {"Connection", "D"},
 	"verbose":            {"Output", ""},

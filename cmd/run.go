@@ -230,8 +230,10 @@ func splitArgs(args []string, dash int) (string, []string, error) {
 	return before[0], after, nil
 }
 
-// subcommands are withlock's commands, for nearCommand.
-var subcommands = []string{"run", "status", "release", "check", "version", "help", "completion"}
+// subcommands are withlock's commands, for nearCommand. Not help: it is
+// two letters from "hello", a lock name as likely as any, and -h is the
+// usual way to ask.
+var subcommands = []string{"run", "status", "release", "check", "version", "completion"}
 
 // nearCommand is the command that word, given without "--" where a NAME
 // would be, was probably meant to be (one or two letters off: "stauts",
