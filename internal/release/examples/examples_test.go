@@ -52,7 +52,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-const image = "ghcr.io/withlock/withlock:"
+// image is the name the examples give withlock's image: the reader's registry,
+// where the image make dist builds is pushed.
+const image = "registry.example.com/withlock:"
 
 func TestKubernetesDeployment(t *testing.T) {
 	var d appsv1.Deployment
