@@ -159,6 +159,6 @@ func goalsTable(r results) string {
 		count[verdict]++
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", g.text, figure, verdict)
 	}
-	fmt.Fprintf(&b, "\nMet: %d; missed: %d; not measured: %d (of %d).\n", count["met"], count["missed"], count["not measured"], len(goals))
+	fmt.Fprintf(&b, "\nThis run meets %d of the %d goals, misses %d, and does not measure %d.\n", count["met"], len(goals), count["missed"], count["not measured"])
 	return b.String()
 }

@@ -80,7 +80,7 @@ func runDoc() error {
 	if err != nil {
 		return err
 	}
-	return writeDoc(*doc, out.String(), collected, started, at)
+	return writeDoc(*doc, out.String(), collected, measured, started, at)
 }
 
 type contender struct {

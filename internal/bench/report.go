@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -60,7 +62,7 @@ func teeStdout(w io.Writer) (restore func(), err error) {
 // run is kept; earlier ones are in git's history of the file. at is the
 // commit the run measured, read when it began: the charts written here
 // would otherwise count as changes.
-func writeDoc(doc, output string, f figures, when time.Time, at string) error {
+func writeDoc(doc, output string, f figures, r results, when time.Time, at string) error {
 	dir := filepath.Dir(doc)
 	var charts []string
 	if len(f.handoff) > 0 {
@@ -82,13 +84,13 @@ func writeDoc(doc, output string, f figures, when time.Time, at string) error {
 
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Performance\n\n")
-	fmt.Fprintf(&b, "Written by `make bench` on %s, at commit %s, on %s. Run `make bench`\n", when.UTC().Format("2006-01-02"), at, machine())
-	fmt.Fprintf(&b, "to measure again; earlier runs are in this file's history in git. What each\n")
-	fmt.Fprintf(&b, "figure measures is in `internal/bench`.")
+	fmt.Fprintf(&b, "Measured by `make bench` on %s, at commit %s, on %s.\n", when.UTC().Format("2006-01-02"), at, machine())
+	fmt.Fprintf(&b, "Run `make bench` to measure on your machine.")
 	if strings.Contains(output, "\n## Goals\n") {
-		fmt.Fprintf(&b, " Which performance goals the run meets\nand misses is under [Goals](#goals), at the end.")
+		fmt.Fprintf(&b, " The goals withlock sets itself, and which\nthis run meets, are under [Goals](#goals), at the end.")
 	}
 	fmt.Fprintf(&b, "\n\n")
+	b.WriteString(costs(r))
 	for _, c := range charts {
 		fmt.Fprintf(&b, "%s\n\n", c)
 	}
@@ -169,4 +171,59 @@ func machine() string {
 		kernel += " " + strings.TrimSpace(string(out))
 	}
 	return fmt.Sprintf("%s, %d cores, %s, %s", cpuModel(), numCPU(), kernel, runtime.Version())
+}
+
+// backendNames are the backends as the page names them, by the name the
+// run's rows give them ("withlock postgres").
+var backendNames = []struct{ row, name string }{
+	{"file", "file://"}, {"postgres", "PostgreSQL"}, {"mysql", "MySQL"}, {"redis", "Redis"},
+	{"mongodb", "MongoDB"}, {"etcd", "etcd"}, {"k8s", "Kubernetes"},
+}
+
+// costs is the page's opening for a user: what withlock costs, per
+// backend, in the run's figures, and how they were measured. It says
+// nothing of a figure the run did not take.
+func costs(r results) string {
+	var b strings.Builder
+	b.WriteString("## What it costs\n\n")
+	list := func(table string, of func(row string) float64, format string) string {
+		var parts []string
+		for _, bk := range backendNames {
+			v := of("withlock " + bk.row)
+			if !math.IsNaN(v) {
+				parts = append(parts, fmt.Sprintf(format+" (%s)", v, bk.name))
+			}
+		}
+		return strings.Join(parts, ", ")
+	}
+	base := r.get("wall", "true")
+	if s := list("wall", func(row string) float64 { return (r.get("wall", row) - base) * 1000 }, "%.0f ms"); s != "" {
+		fmt.Fprintf(&b, "- **Per run.** Locking around a command adds, once per run, the time to start, connect, lock, unlock and exit: %s, median wall time beyond the command's own.\n", s)
+	}
+	if s := list("handoff", func(row string) float64 { return r.get("handoff", row) }, "%.0f ms"); s != "" {
+		fmt.Fprintf(&b, "- **Hand-off.** From the holder's command exiting to the next waiter's starting: %s, median.\n", s)
+	}
+	if s := list("contention", func(row string) float64 { return r.get("contention", row) }, "%.0f"); s != "" {
+		fmt.Fprintf(&b, "- **Contention.** %d processes taking one lock in turn get through %s acquisitions a second.\n", contenders, s)
+	}
+	var rss []float64
+	for _, bk := range backendNames {
+		if v := r.get("rss", bk.row); !math.IsNaN(v) {
+			rss = append(rss, v)
+		}
+	}
+	if len(rss) > 0 {
+		fmt.Fprintf(&b, "- **Memory.** A holding withlock's peak RSS is %.0f to %.0f MB, by backend.\n", slices.Min(rss), slices.Max(rss))
+	}
+	var waiting []string
+	for _, bk := range backendNames {
+		if v := r.get("waiter cpu", bk.row); !math.IsNaN(v) {
+			waiting = append(waiting, fmt.Sprintf("%.2f%% (%s)", v, bk.name))
+		}
+	}
+	if len(waiting) > 0 {
+		fmt.Fprintf(&b, "- **Waiting.** Each waiter costs the server %s of a core.\n", strings.Join(waiting, ", "))
+	}
+	b.WriteString("\nHow: whole processes as users run them (default flags, URLs as written), timed by hyperfine; memory by `/usr/bin/time -v`; servers started by the benchmark on the same machine, so network time is a loopback's. Absolute times scale with the machine; the ratios to flock(1), psql, the mysql client and `etcdctl lock` below carry over better.\n\n")
+	return b.String()
 }

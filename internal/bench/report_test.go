@@ -25,7 +25,13 @@ func TestWriteDoc(t *testing.T) {
 		},
 	}
 	output := "# withlock benchmarks\n\nSome CPU, 2 cores, 2026-01-02\n\n## Hand-off\n\n| contender | median |\n|---|---:|\n| flock | 1.20 ms |\n\n## Goals\n\n| goal | measured | verdict |\n"
-	if err := writeDoc(doc, output, f, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), "0123456789ab"); err != nil {
+	r := results{}
+	r.set("wall", "true", 0.002)
+	r.set("wall", "withlock postgres", 0.0105)
+	r.set("handoff", "withlock postgres", 3.4)
+	r.set("rss", "postgres", 18.2)
+	r.set("rss", "file", 12.9)
+	if err := writeDoc(doc, output, f, r, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), "0123456789ab"); err != nil {
 		t.Fatal(err)
 	}
 	page, err := os.ReadFile(doc)
@@ -35,7 +41,12 @@ func TestWriteDoc(t *testing.T) {
 	text := string(page)
 	for _, want := range []string{
 		"# Performance\n",
-		"Written by `make bench` on 2026-01-02, at commit 0123456789ab, on ",
+		"Measured by `make bench` on 2026-01-02, at commit 0123456789ab, on ",
+		"## What it costs\n",
+		"median wall time beyond the command's own",
+		": 8 ms (PostgreSQL),",
+		"the next waiter's starting: 3 ms (PostgreSQL), median.",
+		"peak RSS is 13 to 18 MB",
 		"](performance-handoff.svg)",
 		"](performance-contention.svg)",
 		"## Hand-off\n",
@@ -73,11 +84,11 @@ func TestWriteDoc(t *testing.T) {
 // nor a link to goals it did not judge.
 func TestWriteDocWithoutFigures(t *testing.T) {
 	doc := filepath.Join(t.TempDir(), "performance.md")
-	if err := writeDoc(doc, "## Memory\n", figures{}, time.Now(), "0123456789ab"); err != nil {
+	if err := writeDoc(doc, "## Memory\n", figures{}, results{}, time.Now(), "0123456789ab"); err != nil {
 		t.Fatal(err)
 	}
 	page, _ := os.ReadFile(doc)
-	if strings.Contains(string(page), ".svg") || strings.Contains(string(page), "#goals") || !strings.Contains(string(page), "## Memory\n") {
+	if strings.Contains(string(page), ".svg") || strings.Contains(string(page), "#goals") || !strings.Contains(string(page), "## Memory\n") || strings.Contains(string(page), "- **") {
 		t.Errorf("performance.md:\n%s", page)
 	}
 }
