@@ -142,15 +142,24 @@ func testIsolated(t *testing.T, members []*testenv.Etcd, all bool) {
 
 	if all {
 		// Meanwhile, withlock check through a member of the majority, once
-		// the majority has a leader of its own (a request that the
-		// isolated leader took is lost).
+		// every member of the majority knows a leader of its own (a
+		// request that the isolated leader took is lost; a member that
+		// has not heard of the new leader yet says it knows none).
 		checked := make(chan lock.Finding, 1)
 		go func() {
 			for wait := locktest.Context(t); ; time.Sleep(20 * time.Millisecond) {
-				ctx, cancel := context.WithTimeout(wait, time.Second)
-				st, err := maj.Status(ctx, majority[0])
-				cancel()
-				if err == nil && st.Leader != 0 && st.Leader != isoID {
+				var err error
+				led := 0
+				for _, ep := range majority {
+					ctx, cancel := context.WithTimeout(wait, time.Second)
+					var st *clientv3.StatusResponse
+					st, err = maj.Status(ctx, ep)
+					cancel()
+					if err == nil && st.Leader != 0 && st.Leader != isoID {
+						led++
+					}
+				}
+				if led == len(majority) {
 					break
 				}
 				if wait.Err() != nil {
