@@ -38,6 +38,25 @@ func TestClusterConformance(t *testing.T) {
 	}
 }
 
+// TestClusterURLOptions: the URL that names every node takes the same
+// options as one node's (wait_replicas here), and refuses an unknown one.
+func TestClusterURLOptions(t *testing.T) {
+	c := testenv.RequireRedisCluster(t)
+	if !strings.Contains(c.URL, "?addr=") {
+		t.Fatalf("the cluster's URL %s does not name its nodes with addr", c.URL)
+	}
+	l, err := locktest.Open(t, c.URL+"&wait_replicas=0", lock.Options{}).TryAcquire(locktest.Context(t), locktest.Name(t))
+	if err != nil {
+		t.Fatalf("with wait_replicas: %v", err)
+	}
+	if err := l.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Open(c.URL+"&bogus=1", lock.Options{}); !errors.Is(err, lock.ErrUsage) {
+		t.Errorf("an unknown option: %v; want a usage error", err)
+	}
+}
+
 // TestClusterSlots: names spread over the masters; every key one NAME
 // writes (its lock, fence and writer mark) is in the NAME's slot on the
 // master that serves it, as the server itself hashes them; status with no

@@ -148,9 +148,13 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	}
 	c.RawQuery = q.Encode()
 	clustered := q.Has("addr") // go-redis's form of a cluster's URL
+	var nodes url.URL          // the cluster's nodes alone, for go-redis's cluster parser
 	if clustered {
 		// go-redis's single-server parser knows no addr; the cluster
-		// parser takes the rest, and the options below, from the same URL.
+		// parser knows none of the single server's options, nor ours:
+		// the options are parsed from the URL without addr, the nodes
+		// from one with addr alone.
+		nodes = url.URL{Scheme: u.Scheme, Host: u.Host, RawQuery: url.Values{"addr": q["addr"]}.Encode()}
 		q.Del("addr")
 		c.RawQuery = q.Encode()
 	}
@@ -201,7 +205,7 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 		b.client, b.single, b.detect = goredis.NewClient(ropts), ropts, true
 		return b, nil
 	}
-	copts, err := goredis.ParseClusterURL(u.String())
+	copts, err := goredis.ParseClusterURL(nodes.String())
 	if err != nil {
 		return nil, lock.Errorf(lock.ErrUsage, "redis URL: %v", err)
 	}
