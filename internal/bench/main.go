@@ -435,12 +435,17 @@ func handoffFigures(work, wl string, names []string) error {
 // their contention beside flock's: the contention table's rows of those
 // backends alone.
 func contentionFigures(work, wl string, names []string) error {
-	_, dbs, stop, err := startServers(work, names)
+	s, dbs, stop, err := startServers(work, names)
 	defer stop()
 	if err != nil {
 		return err
 	}
-	return contentionTable(work, contentionRows(work, wl, dbs))
+	conts := contentionRows(work, wl, dbs)
+	if s.et != nil {
+		// etcd's goal is etcdctl lock's rate: measured beside it.
+		conts = append(conts, cont{"etcdctl lock (etcd)", acquisitions, []string{"etcdctl", "--endpoints", s.et.Endpoint, "lock", "contention", "--", "sh", "-c", criticalSection(work)}})
+	}
+	return contentionTable(work, conts)
 }
 
 // cont is a contender of the contention table: n acquisitions each, argv

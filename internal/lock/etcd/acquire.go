@@ -37,7 +37,7 @@ func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, in
 	}
 	l := &lease{b: b, name: name, id: g.ID, key: Key(name, int64(g.ID)), renewedAt: sent}
 	resp, err := c.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
-		Then(clientv3.OpPut(l.key, b.record(), clientv3.WithLease(g.ID)), getQueue(name)).Commit()
+		Then(clientv3.OpPut(l.key, b.record(time.Now()), clientv3.WithLease(g.ID)), getQueue(name)).Commit()
 	if err != nil {
 		l.drop(ctx)
 		return nil, nil, 0, b.classify(err)
@@ -140,7 +140,7 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, time.Ti
 	}
 	l.held()
 	if waited {
-		go l.stamp()
+		l.stampLater(time.Now())
 	}
 	return l, l.renewedAt, nil
 }
@@ -268,19 +268,31 @@ func (l *lease) requeue(ctx context.Context, renew bool) ([]entry, int, error) {
 	return l.place(resp.Responses[0].GetResponseRange().GetKvs())
 }
 
-// stamp writes the record again, with acquired_at now, once a waiter got
-// the lock. It runs on its own, after the command has been let start, and
-// writes only while the key is still there: a release or a break before it
-// lands leaves nothing behind. A failure only leaves the time the waiter
-// began to wait.
-func (l *lease) stamp() {
+// stampDelay is how long a waiter holds the lock before it writes its
+// record again (stamp). Most commands run under a lock end sooner, and
+// need no second write; until it lands, status says when the holder began
+// to wait.
+const stampDelay = time.Second
+
+// stampLater writes the record again, with acquired_at, once the lock has
+// been held for stampDelay, unless it is released before (stopStamp).
+func (l *lease) stampLater(acquired time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stamp = time.AfterFunc(stampDelay, func() { l.stampNow(acquired) })
+}
+
+// stampNow writes the record again, with acquired_at, only while the key
+// is still there: a release or a break before it lands leaves nothing
+// behind. A failure only leaves the time the waiter began to wait.
+func (l *lease) stampNow(acquired time.Time) {
 	ctx, cancel := l.b.call(context.Background())
 	defer cancel()
 	c, err := l.b.conn(ctx)
 	if err != nil {
 		return
 	}
-	c.Txn(ctx).If(isKey(l.key, l.rev)).Then(clientv3.OpPut(l.key, l.b.record(), clientv3.WithIgnoreLease())).Commit()
+	c.Txn(ctx).If(isKey(l.key, l.rev)).Then(clientv3.OpPut(l.key, l.b.record(acquired), clientv3.WithIgnoreLease())).Commit()
 }
 
 // renew renews a waiter's lease once, bounded by callTimeout. A lease gone

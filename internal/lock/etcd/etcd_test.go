@@ -377,7 +377,7 @@ func TestLongWaitRenews(t *testing.T) {
 		return
 	}
 	// status says when the waiter got the lock, not when it began to wait
-	// (written just after the hand-off).
+	// (written a second after the hand-off, with the time of the hand-off).
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		st, err := b.Inspect(locktest.Context(t), name)
 		if err != nil || len(st.Holders) != 1 {

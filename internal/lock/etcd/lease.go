@@ -34,6 +34,21 @@ type lease struct {
 
 	// watch follows the key while the lock is held (held).
 	watch *keyWatch
+
+	// stamp writes a waiter's record again once it has held the lock for
+	// a while (stampLater), unless Release stops it first; its timer runs
+	// beside Release, so mu guards it.
+	mu    sync.Mutex
+	stamp *time.Timer
+}
+
+// stopStamp stops a stamp not yet written: the lock is being released.
+func (l *lease) stopStamp() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stamp != nil {
+		l.stamp.Stop()
+	}
 }
 
 // Token is the key's create revision, which grows with every acquisition
@@ -128,6 +143,7 @@ func (b *backend) keepCall(ctx context.Context) (context.Context, context.Cancel
 // was ours if its lease was still there.
 func (l *lease) Release(ctx context.Context) error {
 	l.watch.stop()
+	l.stopStamp()
 	c, err := l.b.conn(ctx)
 	if err != nil {
 		return err
@@ -160,6 +176,7 @@ func isKey(key string, rev int64) clientv3.Cmp {
 // key keeps its place and its create revision.
 func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	l.watch.stop()
+	l.stopStamp()
 	c, err := l.b.conn(ctx)
 	if err != nil {
 		return err

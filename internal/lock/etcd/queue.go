@@ -24,8 +24,8 @@ func Key(name string, id int64) string {
 
 // record is the value of withlock's keys: the holder's mode and who it is.
 // AcquiredAt is by withlock's clock (etcd has no clock to ask); a waiter
-// writes it again once it got the lock (stamp), so that it says when the
-// holder got the lock, not when it began to wait.
+// writes it again once it has held the lock for a while (stamp), so that
+// it says when the holder got the lock, not when it began to wait.
 type record struct {
 	Mode       lock.Mode `json:"mode"`
 	MaxHolders int       `json:"max_holders,omitempty"`
@@ -148,14 +148,15 @@ func holders(name string, q []entry) []entry {
 }
 
 // record is this holder's record, acquiring now.
-func (b *backend) record() string {
+// record is this holder's record, acquired at.
+func (b *backend) record(at time.Time) string {
 	r := record{
 		Mode:       b.opts.Mode,
 		MaxHolders: b.opts.MaxHolders,
 		Host:       b.opts.Holder.Host,
 		PID:        b.opts.Holder.PID,
 		Command:    b.opts.Holder.Command,
-		AcquiredAt: time.Now().UTC(),
+		AcquiredAt: at.UTC(),
 	}
 	v, _ := json.Marshal(r)
 	return string(v)
