@@ -215,6 +215,7 @@ func testIsolated(t *testing.T, members []*testenv.Etcd, all bool) {
 			t.Logf("the holder kept its lock %s after its member was isolated: its renewals reached the leader", 2*opts.TTL)
 			heal()
 			mon.remove(holder)
+			waitServes(t, members[iso])
 			if err := holder.Release(locktest.Context(t)); err != nil {
 				t.Fatalf("release once the member is back: %v", err)
 			}
@@ -414,4 +415,17 @@ func (m *monitor) run() (stop func()) {
 	})
 	var once sync.Once
 	return func() { once.Do(func() { close(done); wg.Wait() }) }
+}
+
+// waitServes waits until m, back among its peers, serves a linearizable
+// read: on a busy machine it takes a while to hear from the leader again.
+func waitServes(t *testing.T, m *testenv.Etcd) {
+	t.Helper()
+	c := client(t, m)
+	testenv.WaitFor(t, m.Endpoint+" serving again", func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		_, err := c.Get(ctx, "withlock-test-serves")
+		return err == nil
+	})
 }

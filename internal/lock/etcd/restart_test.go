@@ -1,8 +1,10 @@
 package etcd_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,16 +99,22 @@ func TestRollingRestart(t *testing.T) {
 		}
 		r.start("the holder")
 		got := make(chan *lock.Held, 2)
+		// The waiters end before their clients are closed (cleanups run
+		// last first), whatever ends the test: a waiter must not report
+		// on a test that is over.
+		ctx, cancel := context.WithCancel(locktest.Context(t))
+		var waiters sync.WaitGroup
 		for range 2 {
 			waiter := locktest.Open(t, url, opts)
-			go func() {
-				h, err := waiter.Acquire(locktest.Context(t), name)
-				if err != nil {
+			waiters.Go(func() {
+				h, err := waiter.Acquire(ctx, name)
+				if err != nil && ctx.Err() == nil {
 					t.Errorf("a waiter: %v", err)
 				}
 				got <- h
-			}()
+			})
 		}
+		t.Cleanup(func() { cancel(); waiters.Wait() })
 		waitKeys(t, members[0], name, 3)
 		for _, m := range members {
 			restartMember(t, m)
@@ -184,13 +192,16 @@ func TestGracefulRestart(t *testing.T) {
 		}
 		got := make(chan *lock.Held, 1)
 		waiter := locktest.Open(t, url, opts)
-		go func() {
-			h, err := waiter.Acquire(locktest.Context(t), name)
-			if err != nil {
+		ctx, cancel := context.WithCancel(locktest.Context(t))
+		var waiting sync.WaitGroup
+		waiting.Go(func() {
+			h, err := waiter.Acquire(ctx, name)
+			if err != nil && ctx.Err() == nil {
 				t.Errorf("the waiter: %v", err)
 			}
 			got <- h
-		}()
+		})
+		t.Cleanup(func() { cancel(); waiting.Wait() }) // before the waiter's Close
 		waitWatchers(t, e, 2)
 		restartMember(t, e)
 		select {
@@ -232,15 +243,18 @@ func TestWaiterKeepsItsPlace(t *testing.T) {
 			h   *lock.Held
 		}
 		got := make(chan grant, 2)
+		ctx, cancel := context.WithCancel(locktest.Context(t))
+		var waiters sync.WaitGroup
 		wait := func(who string, m *testenv.Etcd) {
 			w := locktest.Open(t, through(url, m.Endpoint), opts)
-			go func() {
-				h, err := w.Acquire(locktest.Context(t), name)
-				if err != nil {
+			waiters.Go(func() {
+				h, err := w.Acquire(ctx, name)
+				if err != nil && ctx.Err() == nil {
 					t.Errorf("%s: %v", who, err)
 				}
 				got <- grant{who, h}
-			}()
+			})
+			t.Cleanup(func() { cancel(); waiters.Wait() }) // before w's Close
 		}
 		wait("the first waiter", members[0])
 		waitKeys(t, members[1], name, 2)
