@@ -186,7 +186,7 @@ var backendNames = []struct{ row, name string }{
 func costs(r results) string {
 	var b strings.Builder
 	b.WriteString("## What it costs\n\n")
-	list := func(table string, of func(row string) float64, format string) string {
+	list := func(of func(row string) float64, format string) string {
 		var parts []string
 		for _, bk := range backendNames {
 			v := of("withlock " + bk.row)
@@ -197,13 +197,13 @@ func costs(r results) string {
 		return strings.Join(parts, ", ")
 	}
 	base := r.get("wall", "true")
-	if s := list("wall", func(row string) float64 { return (r.get("wall", row) - base) * 1000 }, "%.0f ms"); s != "" {
+	if s := list(func(row string) float64 { return (r.get("wall", row) - base) * 1000 }, "%.0f ms"); s != "" {
 		fmt.Fprintf(&b, "- **Per run.** Locking around a command adds, once per run, the time to start, connect, lock, unlock and exit: %s, median wall time beyond the command's own.\n", s)
 	}
-	if s := list("handoff", func(row string) float64 { return r.get("handoff", row) }, "%.0f ms"); s != "" {
+	if s := list(func(row string) float64 { return r.get("handoff", row) }, "%.0f ms"); s != "" {
 		fmt.Fprintf(&b, "- **Hand-off.** From the holder's command exiting to the next waiter's starting: %s, median.\n", s)
 	}
-	if s := list("contention", func(row string) float64 { return r.get("contention", row) }, "%.0f"); s != "" {
+	if s := list(func(row string) float64 { return r.get("contention", row) }, "%.0f"); s != "" {
 		fmt.Fprintf(&b, "- **Contention.** %d processes taking one lock in turn get through %s acquisitions a second.\n", contenders, s)
 	}
 	var rss []float64
@@ -215,14 +215,9 @@ func costs(r results) string {
 	if len(rss) > 0 {
 		fmt.Fprintf(&b, "- **Memory.** A holding withlock's peak RSS is %.0f to %.0f MB, by backend.\n", slices.Min(rss), slices.Max(rss))
 	}
-	var waiting []string
-	for _, bk := range backendNames {
-		if v := r.get("waiter cpu", bk.row); !math.IsNaN(v) {
-			waiting = append(waiting, fmt.Sprintf("%.2f%% (%s)", v, bk.name))
-		}
-	}
-	if len(waiting) > 0 {
-		fmt.Fprintf(&b, "- **Waiting.** Each waiter costs the server %s of a core.\n", strings.Join(waiting, ", "))
+	// "waiter cpu" rows are by backend, not "withlock BACKEND".
+	if s := list(func(row string) float64 { return r.get("waiter cpu", strings.TrimPrefix(row, "withlock ")) }, "%.2f%%"); s != "" {
+		fmt.Fprintf(&b, "- **Waiting.** Each waiter costs the server %s of a core.\n", s)
 	}
 	b.WriteString("\nHow: whole processes as users run them (default flags, URLs as written), timed by hyperfine; memory by `/usr/bin/time -v`; servers started by the benchmark on the same machine, so network time is a loopback's. Absolute times scale with the machine; the ratios to flock(1), psql, the mysql client and `etcdctl lock` below carry over better.\n\n")
 	return b.String()

@@ -99,21 +99,9 @@ func TestManPagesStandAlone(t *testing.T) {
 		need["withlock.1.gz"] = append(need["withlock.1.gz"], scheme)
 	}
 	for page, want := range need {
-		f, err := os.Open(filepath.Join(dir, "man", page))
-		if err != nil {
-			t.Fatal(err)
-		}
-		zr, err := gzip.NewReader(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		text, err := io.ReadAll(zr)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		text := readPage(t, filepath.Join(dir, "man", page))
 		for _, w := range want {
-			if !bytes.Contains(text, []byte(w)) {
+			if !strings.Contains(text, w) {
 				t.Errorf("%s lacks %q", page, w)
 			}
 		}
@@ -131,20 +119,7 @@ func TestManPageLayout(t *testing.T) {
 	}
 	pages, _ := filepath.Glob(filepath.Join(dir, "man", "*.1.gz"))
 	for _, page := range pages {
-		f, err := os.Open(page)
-		if err != nil {
-			t.Fatal(err)
-		}
-		zr, err := gzip.NewReader(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := io.ReadAll(zr)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		text := string(b)
+		text := readPage(t, page)
 		var heads []string
 		for _, l := range strings.Split(text, "\n") {
 			if h, ok := strings.CutPrefix(l, ".SH "); ok {
@@ -160,6 +135,25 @@ func TestManPageLayout(t *testing.T) {
 			}
 		}
 	}
+}
+
+// readPage is the roff text of the gzipped man page at path.
+func readPage(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // Every flag of every command is documented in README.md or docs/.
