@@ -79,6 +79,16 @@ func StartKube() (*Kube, error) {
 		return fail(err)
 	}
 	k.CAFile = p.CertFile
+	// The service account tokens' own key, so that a new serving
+	// certificate (RotateServingCA) leaves the tokens valid.
+	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fail(err)
+	}
+	saDER, _ := x509.MarshalECPrivateKey(saKey)
+	if err := os.WriteFile(filepath.Join(p.Dir, "sa.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: saDER}), 0o600); err != nil {
+		return fail(err)
+	}
 	caKey, caDER, err := newCert(nil, nil, "")
 	if err != nil {
 		return fail(err)
@@ -88,15 +98,11 @@ func StartKube() (*Kube, error) {
 	if err := os.WriteFile(filepath.Join(p.Dir, "clientca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
 		return fail(err)
 	}
-	roots := x509.NewCertPool()
-	if pem, err := os.ReadFile(k.CAFile); err != nil || !roots.AppendCertsFromPEM(pem) {
-		return fail(fmt.Errorf("testenv: no CA in %s: %v", k.CAFile, err))
+	if err := k.trustCAFile(); err != nil {
+		return fail(err)
 	}
-	k.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
 	p.command = func() *exec.Cmd {
 		k.URL = "https://" + k.addr()
-		// One key serves TLS and signs the service account tokens (the
-		// certificate gives the public key that checks them): a test server.
 		// Priority and fairness off: it adds work at start and nothing here.
 		// Coordinated leader election on, so that a Lease keeps
 		// spec.strategy and spec.preferredHolder as clusters that use it do.
@@ -104,7 +110,7 @@ func StartKube() (*Kube, error) {
 			"--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(k.Port), "--cert-dir=.",
 			"--tls-cert-file=server.crt", "--tls-private-key-file=server.key", "--token-auth-file=tokens.csv", "--client-ca-file=clientca.crt",
 			"--authorization-mode=RBAC", "--service-account-issuer=https://kubernetes.default.svc",
-			"--service-account-key-file=server.crt", "--service-account-signing-key-file=server.key",
+			"--service-account-key-file=sa.key", "--service-account-signing-key-file=sa.key",
 			"--service-cluster-ip-range=10.96.0.0/24", "--endpoint-reconciler-type=none",
 			"--enable-priority-and-fairness=false", "--profiling=false",
 			"--feature-gates=CoordinatedLeaderElection=true", "--runtime-config=coordination.k8s.io/v1beta1=true")
@@ -121,6 +127,53 @@ func StartKube() (*Kube, error) {
 func RequireKube(t testing.TB) *Kube {
 	k, err := StartKube()
 	return require(t, k, err, ErrNoKube)
+}
+
+// trustCAFile makes the tests' own client trust the CAs in CAFile.
+func (k *Kube) trustCAFile() error {
+	roots := x509.NewCertPool()
+	if pem, err := os.ReadFile(k.CAFile); err != nil || !roots.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("testenv: no CA in %s: %v", k.CAFile, err)
+	}
+	if k.client != nil {
+		k.client.CloseIdleConnections()
+	}
+	k.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	return nil
+}
+
+// RotateServingCA gives the API server a serving certificate signed by a
+// new CA, as a cluster's CA rotation does, and returns the new CA (PEM).
+// The server presents it from its next start (Stop, then Start). CAFile
+// then holds both CAs, the old and the new, so that the tests' other
+// clients trust the server before and after. Not safe to call while the
+// tests' client is in use ([Kube.Do]).
+func (k *Kube) RotateServingCA() (caPEM []byte, err error) {
+	caKey, caDER, err := newCert(nil, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, der, err := newCert(ca, caKey, certCN)
+	if err != nil {
+		return nil, err
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	old, err := os.ReadFile(k.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	for name, data := range map[string][]byte{
+		"server.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		"server.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		"ca.crt":     append(old, caPEM...),
+	} {
+		if err := os.WriteFile(filepath.Join(k.Dir, name), data, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return caPEM, k.trustCAFile()
 }
 
 // Close stops the API server, then its etcd, and removes their directories.

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -30,6 +31,9 @@ type auth struct {
 	tokenFile          string
 	username, password string
 	exec               *execPlugin
+
+	mu       sync.Mutex
+	lastGood string // the token file's last token read
 }
 
 // apply sets the request's Authorization header.
@@ -43,13 +47,10 @@ func (a *auth) apply(ctx context.Context, req *http.Request) error {
 		}
 		token = cred.token
 	case a.tokenFile != "":
-		// Read at every request: the kubelet rotates projected service
-		// account tokens in place, and a file read costs microseconds.
-		b, err := os.ReadFile(a.tokenFile)
-		if err != nil {
-			return fmt.Errorf("reading the token: %v", err)
+		var err error
+		if token, err = a.readTokenFile(); err != nil {
+			return err
 		}
-		token = strings.TrimSpace(string(b))
 	case a.username != "":
 		req.SetBasicAuth(a.username, a.password)
 		return nil
@@ -58,6 +59,30 @@ func (a *auth) apply(ctx context.Context, req *http.Request) error {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	return nil
+}
+
+// readTokenFile reads the token file. It is read at every request: the
+// kubelet rotates projected service account tokens in place, and a file
+// read costs microseconds. A read that fails, or finds the file empty (a
+// rotation caught half-way), gives the last token read, as client-go
+// does: a token file gone for a moment is not a lost lock. The server
+// still refuses the last token once it has expired.
+func (a *auth) readTokenFile() (string, error) {
+	b, err := os.ReadFile(a.tokenFile)
+	token := strings.TrimSpace(string(b))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case err == nil && token != "":
+		a.lastGood = token
+	case a.lastGood != "":
+		return a.lastGood, nil
+	case err != nil:
+		return "", fmt.Errorf("reading the token: %v", err)
+	default:
+		return "", fmt.Errorf("the token file %s is empty", a.tokenFile)
+	}
+	return token, nil
 }
 
 // unauthorized is told of a 401. A cached plugin credential is dropped so
@@ -76,10 +101,12 @@ func (a *auth) unauthorized() bool {
 // answer until the expiry the answer gives (for ever without one), as
 // client-go does.
 type execPlugin struct {
-	cfg      execConfig
-	server   string
-	caData   []byte
-	insecure bool
+	cfg     execConfig
+	cluster execCluster // what the plugin is told of the cluster, with provideClusterInfo
+	// interactive says that the plugin may talk to the user: standard
+	// input is a terminal and interactiveMode is not Never. It then gets
+	// withlock's standard input, and its standard error is shown too.
+	interactive bool
 
 	// rotated is called when the plugin answers with a client
 	// certificate other than the one before: connections made with the
@@ -158,15 +185,23 @@ type execCredential struct {
 	} `json:"status,omitempty"`
 }
 
+// execCluster is the cluster as an ExecCredential gives it: the
+// kubeconfig cluster's fields, and its client.authentication.k8s.io/exec
+// extension as config.
 type execCluster struct {
-	Server                   string `json:"server"`
-	CertificateAuthorityData []byte `json:"certificate-authority-data,omitempty"`
-	InsecureSkipTLSVerify    bool   `json:"insecure-skip-tls-verify,omitempty"`
+	Server                   string          `json:"server"`
+	TLSServerName            string          `json:"tls-server-name,omitempty"`
+	InsecureSkipTLSVerify    bool            `json:"insecure-skip-tls-verify,omitempty"`
+	CertificateAuthorityData []byte          `json:"certificate-authority-data,omitempty"`
+	ProxyURL                 string          `json:"proxy-url,omitempty"`
+	DisableCompression       bool            `json:"disable-compression,omitempty"`
+	Config                   json.RawMessage `json:"config,omitempty"`
 }
 
 // run runs the plugin once: its args and env as the kubeconfig says, the
-// ExecCredential in $KUBERNETES_EXEC_INFO, no terminal (withlock runs
-// unattended), its answer on stdout.
+// ExecCredential in $KUBERNETES_EXEC_INFO, its answer on stdout. As
+// kubectl runs it: with withlock's standard input when interactive, else
+// none.
 func (p *execPlugin) run(ctx context.Context) (*execCred, time.Time, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -174,8 +209,9 @@ func (p *execPlugin) run(ctx context.Context) (*execCred, time.Time, error) {
 		defer cancel()
 	}
 	in := execCredential{APIVersion: p.cfg.APIVersion, Kind: "ExecCredential"}
+	in.Spec.Interactive = p.interactive
 	if p.cfg.ProvideClusterInfo {
-		in.Spec.Cluster = &execCluster{Server: p.server, CertificateAuthorityData: p.caData, InsecureSkipTLSVerify: p.insecure}
+		in.Spec.Cluster = &p.cluster
 	}
 	info, err := json.Marshal(in)
 	if err != nil {
@@ -188,6 +224,9 @@ func (p *execPlugin) run(ctx context.Context) (*execCred, time.Time, error) {
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if p.interactive {
+		cmd.Stdin, cmd.Stderr = os.Stdin, io.MultiWriter(os.Stderr, &stderr)
+	}
 	if err := cmd.Run(); err != nil {
 		msg := strings.TrimSpace(stderr.String())
 		if i := strings.IndexByte(msg, '\n'); i >= 0 {

@@ -3,6 +3,7 @@ package k8s
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+	"golang.org/x/term"
 
 	"github.com/withlock/withlock/internal/lock"
 )
@@ -32,6 +34,10 @@ type config struct {
 	tls       *tls.Config
 	auth      *auth
 	proxy     *url.URL // the kubeconfig's proxy-url; nil: $HTTPS_PROXY, $NO_PROXY
+	// files are the CA and client certificate files, read again when
+	// they change; nil when there are none.
+	files              *credFiles
+	disableCompression bool // the kubeconfig's disable-compression
 }
 
 // loadConfig resolves a k8s:// URL: in a pod (KUBERNETES_SERVICE_HOST set
@@ -81,8 +87,9 @@ func inCluster() bool {
 }
 
 // inClusterConfig is the pod's own service account, as client-go's
-// rest.InClusterConfig reads it. The token is read again at every request:
-// projected service account tokens are rotated by the kubelet.
+// rest.InClusterConfig reads it. The token is read again at every request,
+// and ca.crt whenever it changes: the kubelet rewrites both in place (a
+// projected token is rotated; ca.crt follows the cluster's CA).
 func inClusterConfig() (*config, error) {
 	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
 	hp := net.JoinHostPort(host, port)
@@ -106,6 +113,7 @@ func inClusterConfig() (*config, error) {
 		source:    "the pod's service account",
 		tls:       &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots},
 		auth:      &auth{tokenFile: filepath.Join(ServiceAccountDir, "token")},
+		files:     &credFiles{ca: ca, caPEM: pem},
 	}, nil
 }
 
@@ -138,7 +146,12 @@ type clusterConfig struct {
 	InsecureSkipTLSVerify    bool   `yaml:"insecure-skip-tls-verify"`
 	TLSServerName            string `yaml:"tls-server-name"`
 	ProxyURL                 string `yaml:"proxy-url"`
-	dir                      string // of the file it came from, for relative paths
+	DisableCompression       bool   `yaml:"disable-compression"`
+	Extensions               []struct {
+		Name      string `yaml:"name"`
+		Extension any    `yaml:"extension"`
+	} `yaml:"extensions"`
+	dir string // of the file it came from, for relative paths
 }
 
 type userConfig struct {
@@ -153,6 +166,8 @@ type userConfig struct {
 	Exec                  *execConfig    `yaml:"exec"`
 	AuthProvider          map[string]any `yaml:"auth-provider"`
 	Impersonate           string         `yaml:"as"`
+	ImpersonateUID        string         `yaml:"as-uid"`
+	ImpersonateGroups     []string       `yaml:"as-groups"`
 	dir                   string
 }
 
@@ -167,7 +182,12 @@ type execConfig struct {
 	} `yaml:"env"`
 	InstallHint        string `yaml:"installHint"`
 	ProvideClusterInfo bool   `yaml:"provideClusterInfo"`
+	InteractiveMode    string `yaml:"interactiveMode"` // Never, IfAvailable (the default), Always
 }
+
+// execExtension names the cluster extension passed to an exec plugin as
+// its ExecCredential's spec.cluster.config.
+const execExtension = "client.authentication.k8s.io/exec"
 
 // kubeconfigFiles are the kubeconfig files in kubectl's order: $KUBECONFIG
 // (a list, merged), else ~/.kube/config.
@@ -273,9 +293,14 @@ func kubeconfigConfig(context string) (*config, error) {
 func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 	switch {
 	case us.AuthProvider != nil:
-		return nil, fmt.Errorf("the user's auth-provider (%v) is not supported; use an exec credential plugin (kubelogin, gke-gcloud-auth-plugin, aws eks get-token), a token or a client certificate", us.AuthProvider["name"])
-	case us.Impersonate != "":
-		return nil, errors.New("impersonation (as) is not supported")
+		name, _ := us.AuthProvider["name"].(string)
+		way, ok := authProviderWayOut[name]
+		if !ok {
+			way = authProviderWayOut[""]
+		}
+		return nil, fmt.Errorf("the user's auth-provider (%s) is not supported; use its exec credential plugin instead (%s), as kubectl itself now does", name, way)
+	case us.Impersonate != "" || us.ImpersonateUID != "" || len(us.ImpersonateGroups) > 0:
+		return nil, errors.New("impersonation (the user's as, as-groups or as-uid) is not supported; give withlock that identity's own credentials (for a service account, a token from kubectl create token NAME --duration, or its pod)")
 	case cl.Server == "":
 		return nil, errors.New("the cluster has no server")
 	}
@@ -300,6 +325,7 @@ func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 		hp = net.JoinHostPort(su.Hostname(), port)
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cl.TLSServerName, InsecureSkipVerify: cl.InsecureSkipTLSVerify}
+	files := &credFiles{}
 	caPEM, err := fileOrData(cl.CertificateAuthority, cl.CertificateAuthorityData, cl.dir)
 	if err != nil {
 		return nil, fmt.Errorf("certificate-authority: %v", err)
@@ -308,6 +334,9 @@ func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 		cfg.RootCAs = x509.NewCertPool()
 		if !cfg.RootCAs.AppendCertsFromPEM(caPEM) {
 			return nil, errors.New("certificate-authority: no PEM certificate")
+		}
+		if cl.CertificateAuthorityData == "" {
+			files.ca, files.caPEM = resolve(cl.CertificateAuthority, cl.dir), caPEM
 		}
 	}
 	a := &auth{token: us.Token, username: us.Username, password: us.Password}
@@ -330,7 +359,24 @@ func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("client certificate: %v", err)
 		}
-		cfg.Certificates = []tls.Certificate{pair}
+		if us.ClientCertificateData != "" && us.ClientKeyData != "" {
+			cfg.Certificates = []tls.Certificate{pair}
+		} else {
+			// A file is read again when it changes, and the handshake
+			// takes the certificate of the moment.
+			files.pair = &pair
+			if us.ClientCertificateData == "" {
+				files.cert = resolve(us.ClientCertificate, us.dir)
+			} else {
+				files.certPEM = certPEM
+			}
+			if us.ClientKeyData == "" {
+				files.key = resolve(us.ClientKey, us.dir)
+			} else {
+				files.keyPEM = keyPEM
+			}
+			cfg.GetClientCertificate = files.certificate
+		}
 	}
 	if us.Username != "" && (us.Token != "" || us.TokenFile != "") {
 		return nil, errors.New("the user has a username and password and a token; give one of them")
@@ -353,7 +399,10 @@ func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 		if strings.ContainsRune(e.Command, filepath.Separator) {
 			e.Command = resolve(e.Command, us.dir)
 		}
-		a.exec = &execPlugin{cfg: e, server: cl.Server, caData: caPEM, insecure: cl.InsecureSkipTLSVerify}
+		a.exec, err = newExecPlugin(e, cl, caPEM)
+		if err != nil {
+			return nil, err
+		}
 		// A plugin may answer with a client certificate instead of a
 		// token: asked for at each handshake, from the cache.
 		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
@@ -364,7 +413,62 @@ func fromKubeconfig(cl clusterConfig, us userConfig) (*config, error) {
 			return &tls.Certificate{}, nil
 		}
 	}
-	return &config{server: strings.TrimSuffix(su.String(), "/"), hostport: hp, tls: cfg, auth: a, proxy: proxy}, nil
+	if files.ca == "" && files.pair == nil {
+		files = nil
+	}
+	return &config{server: strings.TrimSuffix(su.String(), "/"), hostport: hp, tls: cfg, auth: a, proxy: proxy,
+		files: files, disableCompression: cl.DisableCompression}, nil
+}
+
+// stdinIsTerminal says whether withlock's standard input is a terminal:
+// only then may an exec plugin talk to the user. A variable for tests.
+var stdinIsTerminal = func() bool { return term.IsTerminal(int(os.Stdin.Fd())) }
+
+// newExecPlugin is the exec plugin e of cluster cl (whose CA is caPEM),
+// told what kubectl tells it.
+func newExecPlugin(e execConfig, cl clusterConfig, caPEM []byte) (*execPlugin, error) {
+	p := &execPlugin{cfg: e, cluster: execCluster{
+		Server:                   cl.Server,
+		TLSServerName:            cl.TLSServerName,
+		InsecureSkipTLSVerify:    cl.InsecureSkipTLSVerify,
+		CertificateAuthorityData: caPEM,
+		ProxyURL:                 cl.ProxyURL,
+		DisableCompression:       cl.DisableCompression,
+	}}
+	for _, ext := range cl.Extensions {
+		if ext.Name != execExtension {
+			continue
+		}
+		config, err := json.Marshal(ext.Extension)
+		if err != nil {
+			return nil, fmt.Errorf("the cluster's %s extension cannot be passed to the exec plugin as JSON: %v", execExtension, err)
+		}
+		p.cluster.Config = config
+	}
+	// As kubectl: IfAvailable without a mode (the v1beta1 default; v1
+	// asks for one, and IfAvailable is what most plugins are written for).
+	switch e.InteractiveMode {
+	case "", "IfAvailable":
+		p.interactive = stdinIsTerminal()
+	case "Always":
+		if !stdinIsTerminal() {
+			return nil, fmt.Errorf("the exec plugin %s needs a terminal (interactiveMode: Always) and standard input is not one; run withlock from a terminal, or set interactiveMode: IfAvailable in the kubeconfig if the plugin can do without one", e.Command)
+		}
+		p.interactive = true
+	case "Never":
+	default:
+		return nil, fmt.Errorf("the exec plugin's interactiveMode %q is not one of Never, IfAvailable, Always", e.InteractiveMode)
+	}
+	return p, nil
+}
+
+// authProviderWayOut says, per legacy auth-provider, the exec plugin that
+// replaces it.
+var authProviderWayOut = map[string]string{
+	"oidc":  "kubelogin: kubectl oidc-login setup prints the exec user to write",
+	"gcp":   "gke-gcloud-auth-plugin; gcloud container clusters get-credentials writes it",
+	"azure": "kubelogin: kubelogin convert-kubeconfig rewrites the kubeconfig",
+	"":      "kubelogin for OIDC, gke-gcloud-auth-plugin, aws eks get-token",
 }
 
 // fileOrData reads a kubeconfig value given as a file (relative to the

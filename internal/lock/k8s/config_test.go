@@ -1,10 +1,12 @@
 package k8s
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
@@ -255,7 +257,10 @@ users:
 func TestKubeconfigUnsupported(t *testing.T) {
 	notInPod(t)
 	for _, tc := range []struct{ user, cluster, want string }{
-		{"auth-provider: {name: oidc, config: {}}", "", "auth-provider (oidc) is not supported; use an exec credential plugin"},
+		{"auth-provider: {name: oidc, config: {}}", "", "auth-provider (oidc) is not supported; use its exec credential plugin instead (kubelogin: kubectl oidc-login setup"},
+		{"auth-provider: {name: openstack}", "", "auth-provider (openstack) is not supported; use its exec credential plugin instead (kubelogin for OIDC"},
+		{"{token: t, as: deployer}", "", "impersonation (the user's as, as-groups or as-uid) is not supported; give withlock that identity's own credentials"},
+		{"{token: t, as-groups: [admins]}", "", "impersonation (the user's as, as-groups or as-uid) is not supported"},
 		{"exec: {apiVersion: client.authentication.k8s.io/v1alpha1, command: x}", "", "v1alpha1\" is not supported"},
 		{"{token: t, username: u, password: p}", "", "a username and password and a token; give one of them"},
 		{"token: t", "proxy-url: ftp://proxy:21", `proxy-url "ftp://proxy:21" is not an http://, https:// or socks5:// URL`},
@@ -441,5 +446,133 @@ func TestSharedRefused(t *testing.T) {
 	_, err := lock.Open("k8s://ns", lock.Options{Mode: lock.Shared})
 	if !errors.Is(err, lock.ErrUsage) || !strings.Contains(err.Error(), "no shared locks") {
 		t.Errorf("k8s:// --shared: %v; want ErrUsage", err)
+	}
+}
+
+// TestExecInteractive: as kubectl runs a plugin: interactive when standard
+// input is a terminal and interactiveMode allows it (IfAvailable without
+// one); Always without a terminal is refused before anything runs.
+func TestExecInteractive(t *testing.T) {
+	notInPod(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "plugin.sh"), []byte(`#!/bin/sh
+printf '%s' "$KUBERNETES_EXEC_INFO" > "$INFO"
+echo '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"t"}}'
+`), 0o755)
+	info := filepath.Join(dir, "info")
+	t.Setenv("INFO", info)
+	kubeconfig := func(mode string) {
+		t.Setenv("KUBECONFIG", writeKubeconfig(t, dir, "config", `
+current-context: x
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+users:
+- name: u
+  user:
+    exec: {apiVersion: client.authentication.k8s.io/v1, command: ./plugin.sh, interactiveMode: "`+mode+`"}
+`))
+	}
+	old := stdinIsTerminal
+	t.Cleanup(func() { stdinIsTerminal = old })
+	for _, tc := range []struct {
+		mode     string
+		terminal bool
+		want     string // "true", "false", or the start of the error
+	}{
+		{"", false, "false"},
+		{"", true, "true"},
+		{"IfAvailable", true, "true"},
+		{"Never", true, "false"},
+		{"Always", true, "true"},
+		{"Always", false, `k8s: kubeconfig context "x": the exec plugin ` + filepath.Join(dir, "plugin.sh") + ` needs a terminal (interactiveMode: Always) and standard input is not one`},
+		{"Sometimes", true, `k8s: kubeconfig context "x": the exec plugin's interactiveMode "Sometimes" is not one of Never, IfAvailable, Always`},
+	} {
+		stdinIsTerminal = func() bool { return tc.terminal }
+		kubeconfig(tc.mode)
+		u, _ := url.Parse("k8s://")
+		c, err := loadConfig(u)
+		if err != nil {
+			if !errors.Is(err, lock.ErrUsage) || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("mode %q, terminal %v: %v; want a usage error %q", tc.mode, tc.terminal, err, tc.want)
+			}
+			continue
+		}
+		os.Remove(info)
+		authHeader(t, c)
+		got, _ := os.ReadFile(info)
+		if want := `"interactive":` + tc.want; !strings.Contains(string(got), want) {
+			t.Errorf("mode %q, terminal %v: the plugin was given %s; want %s", tc.mode, tc.terminal, got, want)
+		}
+	}
+}
+
+// TestCredFilesKeepLastGood: a CA or client certificate file caught
+// half-written, or missing, keeps the last good value; once complete it is
+// taken, and only a change of content counts as one.
+func TestCredFilesKeepLastGood(t *testing.T) {
+	dir := t.TempDir()
+	ca1, _ := testCA(t)
+	ca2, _ := testCA(t)
+	cert1, key1 := testCA(t)
+	cert2, key2 := testCA(t)
+	caFile, certFile, keyFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	os.WriteFile(caFile, ca1, 0o600)
+	os.WriteFile(certFile, cert1, 0o600)
+	os.WriteFile(keyFile, key1, 0o600)
+	pair1, _ := tls.X509KeyPair(cert1, key1)
+	f := &credFiles{ca: caFile, caPEM: ca1, cert: certFile, key: keyFile, pair: &pair1}
+	current := func() []byte {
+		c, _ := f.certificate(nil)
+		return c.Certificate[0]
+	}
+	step := func(what string, wantCA, wantCert bool) {
+		t.Helper()
+		roots, certChanged := f.refresh()
+		if (roots != nil) != wantCA || certChanged != wantCert {
+			t.Errorf("%s: new CA %v, new certificate %v; want %v, %v", what, roots != nil, certChanged, wantCA, wantCert)
+		}
+	}
+	step("unchanged files", false, false)
+	os.WriteFile(caFile, ca1[:len(ca1)/2], 0o600)
+	os.WriteFile(keyFile, key2, 0o600)
+	step("a half-written CA, a key without its certificate", false, false)
+	if !bytes.Equal(current(), pair1.Certificate[0]) {
+		t.Error("the certificate changed while its key did not match it")
+	}
+	os.Remove(caFile)
+	os.WriteFile(certFile, cert2, 0o600)
+	step("no CA file, a complete new pair", false, true)
+	if bytes.Equal(current(), pair1.Certificate[0]) {
+		t.Error("the new certificate is not the one presented")
+	}
+	os.WriteFile(caFile, ca1, 0o600)
+	step("the CA file back as it was", false, false)
+	os.WriteFile(caFile, ca2, 0o600)
+	step("a new CA", true, false)
+}
+
+// TestTokenFileKeepsLastGood: a token file that cannot be read, or is
+// empty, gives the last token read; one never read is an error.
+func TestTokenFileKeepsLastGood(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "token")
+	a := &auth{tokenFile: file}
+	if _, err := a.readTokenFile(); err == nil {
+		t.Error("a token file never read: no error")
+	}
+	os.WriteFile(file, []byte("one\n"), 0o600)
+	for _, tc := range []struct {
+		what string
+		do   func()
+		want string
+	}{
+		{"read", func() {}, "one"},
+		{"removed", func() { os.Remove(file) }, "one"},
+		{"empty", func() { os.WriteFile(file, nil, 0o600) }, "one"},
+		{"rotated", func() { os.WriteFile(file, []byte("two"), 0o600) }, "two"},
+	} {
+		tc.do()
+		if got, err := a.readTokenFile(); got != tc.want || err != nil {
+			t.Errorf("%s: %q, %v; want %q", tc.what, got, err, tc.want)
+		}
 	}
 }

@@ -70,7 +70,7 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 // Close drops idle connections. A Lease held through the backend stays
 // held until it runs out.
 func (b *backend) Close() error {
-	b.c.http.CloseIdleConnections()
+	b.c.http.Load().CloseIdleConnections()
 	return nil
 }
 

@@ -666,6 +666,18 @@ echo "$n" >> "$DIR/runs"
 // carries every request: the lock is taken and released through it.
 func TestProxyURL(t *testing.T) {
 	k, ns, _ := space(t)
+	proxy, tunnels := connectProxy(t)
+	setKubeconfig(t, k, ns, fmt.Sprintf(", proxy-url: %q", proxy.URL), fmt.Sprintf("    token: %q", k.UserToken("leaser")))
+	t.Setenv("HTTPS_PROXY", "")
+	takeOnce(t, "through proxy-url")
+	if tunnels.Load() == 0 {
+		t.Error("the proxy saw no CONNECT: proxy-url was not used")
+	}
+}
+
+// connectProxy is an HTTP proxy that tunnels CONNECT requests, closed when
+// t ends, and the count of tunnels it opened.
+func connectProxy(t *testing.T) (*httptest.Server, *atomic.Int32) {
 	var tunnels atomic.Int32
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodConnect {
@@ -692,12 +704,7 @@ func TestProxyURL(t *testing.T) {
 		conn.Close()
 	}))
 	t.Cleanup(proxy.Close)
-	setKubeconfig(t, k, ns, fmt.Sprintf(", proxy-url: %q", proxy.URL), fmt.Sprintf("    token: %q", k.UserToken("leaser")))
-	t.Setenv("HTTPS_PROXY", "")
-	takeOnce(t, "through proxy-url")
-	if tunnels.Load() == 0 {
-		t.Error("the proxy saw no CONNECT: proxy-url was not used")
-	}
+	return proxy, &tunnels
 }
 
 // TestInClusterTokenRotated: the kubelet replaces a pod's projected token

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -114,38 +115,71 @@ func (e *apiError) Error() string {
 
 // client makes single REST calls to one API server, in one namespace.
 type client struct {
-	cfg  *config
-	http *http.Client
+	cfg    *config
+	dialer *dialer
+	// http is the current HTTP client: replaced by one that trusts the
+	// new CA when the CA file changes (refresh).
+	http atomic.Pointer[http.Client]
 }
 
 // callTimeout bounds a call whose caller gave no deadline.
 const callTimeout = 10 * time.Second
 
 func newClient(cfg *config) *client {
-	d := &dialer{
+	c := &client{cfg: cfg, dialer: &dialer{
 		d:     net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second},
 		conns: map[*trackedConn]struct{}{},
-	}
+	}}
 	if cfg.auth.exec != nil {
-		cfg.auth.exec.rotated = d.closeAll
+		cfg.auth.exec.rotated = c.dialer.closeAll
 	}
+	c.http.Store(c.newHTTP(cfg.tls))
+	return c
+}
+
+// newHTTP makes an HTTP client whose connections use tlsConfig.
+func (c *client) newHTTP(tlsConfig *tls.Config) *http.Client {
 	proxy := http.ProxyFromEnvironment
-	if cfg.proxy != nil {
-		proxy = http.ProxyURL(cfg.proxy)
+	if c.cfg.proxy != nil {
+		proxy = http.ProxyURL(c.cfg.proxy)
 	}
 	tr := &http.Transport{
 		Proxy:               proxy,
-		DialContext:         d.DialContext,
-		TLSClientConfig:     cfg.tls,
+		DialContext:         c.dialer.DialContext,
+		TLSClientConfig:     tlsConfig,
 		TLSHandshakeTimeout: 5 * time.Second,
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  c.cfg.disableCompression,
 		// HTTP/2 would put the watch and the renewals on one connection;
 		// HTTP/1.1 keeps a stuck watch from holding up a renewal.
 		ForceAttemptHTTP2: false,
 		TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
-	return &client{cfg: cfg, http: &http.Client{Transport: tr}}
+	return &http.Client{Transport: tr}
+}
+
+// refresh reads again the CA and client certificate files that changed
+// (credFiles). A new CA makes a new HTTP client that trusts it, and the
+// old one's idle connections are closed: the connections open still
+// verified the server when they were made. A new client certificate
+// closes every connection, as an exec plugin's does: a TLS connection
+// keeps the certificate of its handshake.
+func (c *client) refresh() {
+	roots, certChanged := c.cfg.files.refresh()
+	if roots != nil {
+		tlsConfig := c.cfg.tls.Clone()
+		tlsConfig.RootCAs = roots
+		c.http.Swap(c.newHTTP(tlsConfig)).CloseIdleConnections()
+	}
+	if certChanged {
+		c.dialer.closeAll()
+	}
+}
+
+// do sends req with the current HTTP client.
+func (c *client) do(req *http.Request) (*http.Response, error) {
+	return c.http.Load().Do(req)
 }
 
 // dialer dials the API server and keeps a set of the connections it made
@@ -225,6 +259,7 @@ func (c *client) request(ctx context.Context, method, path string, query url.Val
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("User-Agent", "withlock")
+	c.refresh()
 	if err := c.cfg.auth.apply(ctx, req); err != nil {
 		var pe *pluginError
 		if !errors.As(err, &pe) {
@@ -256,7 +291,7 @@ func (c *client) call(ctx context.Context, method, path string, query url.Values
 		if err != nil {
 			return 0, time.Time{}, err
 		}
-		if resp, err = c.http.Do(req); err != nil {
+		if resp, err = c.do(req); err != nil {
 			return 0, time.Time{}, err
 		}
 		date, _ = http.ParseTime(resp.Header.Get("Date"))
@@ -375,7 +410,7 @@ func (c *client) watch(ctx context.Context, ns string, selector url.Values, rv s
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.http.Do(req)
+	resp, err := c.do(req)
 	if err != nil {
 		return nil, err
 	}
