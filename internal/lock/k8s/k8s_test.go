@@ -209,13 +209,7 @@ func matches(s, pattern string) bool {
 // only: elsewhere it gets a refusal naming what to grant.
 func TestInClusterServiceAccount(t *testing.T) {
 	k, ns, _ := space(t)
-	token, err := k.ServiceAccountToken(ns, "migrator")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Grant(ns, "system:serviceaccount:"+ns+":migrator"); err != nil {
-		t.Fatal(err)
-	}
+	token := migrator(t, k, ns)
 	other := ns + "-other"
 	if err := k.Namespace(other); err != nil {
 		t.Fatal(err)
@@ -239,6 +233,20 @@ func TestInClusterServiceAccount(t *testing.T) {
 	if !errors.Is(err, lock.ErrRefused) || !strings.Contains(err.Error(), want) {
 		t.Errorf("in another namespace: %v; want ErrRefused saying %q", err, want)
 	}
+}
+
+// migrator makes the service account migrator in ns, allowed to use
+// Leases there, and returns a token for it.
+func migrator(t *testing.T, k *testenv.Kube, ns string) string {
+	t.Helper()
+	token, err := k.ServiceAccountToken(ns, "migrator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Grant(ns, "system:serviceaccount:"+ns+":migrator"); err != nil {
+		t.Fatal(err)
+	}
+	return token
 }
 
 // inPod makes t run as in a pod of namespace ns whose service account's
@@ -712,12 +720,7 @@ func connectProxy(t *testing.T) (*httptest.Server, *atomic.Int32) {
 // after the old one stops working (it was bound to a Secret, deleted).
 func TestInClusterTokenRotated(t *testing.T) {
 	k, ns, _ := space(t)
-	if _, err := k.ServiceAccountToken(ns, "migrator"); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Grant(ns, "system:serviceaccount:"+ns+":migrator"); err != nil {
-		t.Fatal(err)
-	}
+	migrator(t, k, ns)
 	// token returns a token of migrator bound to the Secret name, made here.
 	token := func(name string) string {
 		t.Helper()

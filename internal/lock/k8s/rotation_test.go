@@ -65,13 +65,7 @@ func notLost(t *testing.T, h *lock.Held, d time.Duration, what string) {
 // had read its CA once could not connect again.
 func TestCARotated(t *testing.T) {
 	k, ns, _ := space(t)
-	token, err := k.ServiceAccountToken(ns, "migrator")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Grant(ns, "system:serviceaccount:"+ns+":migrator"); err != nil {
-		t.Fatal(err)
-	}
+	token := migrator(t, k, ns)
 	oldCA, err := os.ReadFile(k.CAFile)
 	if err != nil {
 		t.Fatal(err)
@@ -189,13 +183,7 @@ func certStatus(t *testing.T, k *testenv.Kube, cert, key []byte, path string) in
 // last token it read and keeps its lock.
 func TestTokenFileUnreadable(t *testing.T) {
 	k, ns, _ := space(t)
-	token, err := k.ServiceAccountToken(ns, "migrator")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Grant(ns, "system:serviceaccount:"+ns+":migrator"); err != nil {
-		t.Fatal(err)
-	}
+	token := migrator(t, k, ns)
 	sa := inPod(t, k, ns, token)
 	const ttl = 3 * time.Second
 	h, err := locktest.Open(t, "k8s://", lock.Options{TTL: ttl, Grace: 500 * time.Millisecond}).Acquire(locktest.Context(t), "dbmigration")
