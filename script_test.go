@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	stdjson "encoding/json"
 	"errors"
 	"fmt"
@@ -66,6 +67,7 @@ func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
 		"exits": expectExit,
 		"pgtx":  holdTransaction,
+		"eof":   expectEOF,
 	})
 }
 
@@ -144,6 +146,58 @@ func expectExit() {
 		}
 	}
 	os.Exit(0)
+}
+
+// expectEOF is the program "eof PROG [ARG...]": it runs PROG with its
+// stdout and stderr on pipes, passed through, and exits with PROG's
+// status once both pipes have reached EOF; if one is still open 10s after
+// PROG exited (a process PROG left behind holds it, as a CI runner or
+// $(...) would wait for), it says so and exits 99. What a CI step or a
+// command substitution sees.
+func expectEOF() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: eof PROG [ARG...]")
+		os.Exit(2)
+	}
+	c := osexec.Command(os.Args[1], os.Args[2:]...)
+	c.Stdin = os.Stdin
+	stdout, err1 := c.StdoutPipe()
+	stderr, err2 := c.StderrPipe()
+	if err := errors.Join(err1, err2, c.Start()); err != nil {
+		fmt.Fprintln(os.Stderr, "eof:", err)
+		os.Exit(2)
+	}
+	done := make(chan string, 2)
+	for name, p := range map[string]io.Reader{"stdout": stdout, "stderr": stderr} {
+		w := io.Writer(os.Stdout)
+		if name == "stderr" {
+			w = os.Stderr
+		}
+		go func() {
+			io.Copy(w, p)
+			done <- name
+		}()
+	}
+	// Wait, not c.Wait: that would close the pipes itself.
+	state, err := c.Process.Wait()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "eof:", err)
+		os.Exit(2)
+	}
+	timeout := time.After(10 * time.Second)
+	for range 2 {
+		select {
+		case <-done:
+		case <-timeout:
+			fmt.Fprintf(os.Stderr, "eof: %s's stdout or stderr is still open 10s after it exited: a process it left holds it\n", os.Args[1])
+			os.Exit(99)
+		}
+	}
+	code := state.ExitCode()
+	if ws, ok := state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		code = 128 + int(ws.Signal())
+	}
+	os.Exit(code)
 }
 
 // ownStatus says whether withlock exits with status n only when the
@@ -573,6 +627,7 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			"kubeget":    cmdKubeget,
 			"kubesa":     cmdKubesa,
 			"rediscmd":   cmdRediscmd,
+			"handlejson": cmdHandlejson,
 		},
 	}
 }
@@ -1371,4 +1426,19 @@ func cmdKubesa(ts *testscript.TestScript, neg bool, args []string) {
 	config = strings.Replace(config, "users:\n", fmt.Sprintf("users:\n- name: sa\n  user: {token: %q}\n", token), 1)
 	config = strings.Replace(config, "contexts:\n", fmt.Sprintf("contexts:\n- name: sa\n  context: {cluster: test, user: sa, namespace: %s}\n", ns), 1)
 	ts.Check(os.WriteFile(ts.MkAbs(args[1]), []byte(config), 0o600))
+}
+
+// handlejson FILE OUT writes to OUT what the handle in FILE holds, decoded:
+// its JSON, for a script to look into (that it holds no password, say).
+func cmdHandlejson(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: handlejson FILE OUT")
+	}
+	h := strings.TrimSpace(ts.ReadFile(args[0]))
+	prefix, data, ok := strings.Cut(h, ".")
+	b, err := base64.RawURLEncoding.DecodeString(data)
+	if !ok || prefix != "wlh1" || err != nil {
+		ts.Fatalf("%q is not a handle: %v", h, err)
+	}
+	ts.Check(os.WriteFile(ts.MkAbs(args[1]), b, 0o644))
 }

@@ -32,6 +32,10 @@ var flagInfo = map[string]struct{ group, value string }{
 	"on-lost":            {"Lock", "stop|ignore"},
 	"force":              {"Lock", ""},
 	"fs-shares-locks":    {"Lock", ""},
+	"max-hold":           {"Lock", "D"},
+	"until-pid":          {"Lock", "PID"},
+	"handle":             {"Lock", "H"},
+	"handle-file":        {"Lock", "F"},
 	"no-wait":            {"Waiting", ""},
 	"timeout":            {"Waiting", "D"},
 	"conflict-exit-code": {"Waiting", "N"},
@@ -58,6 +62,8 @@ var runFlagDetail = map[string]string{
 	"conflict-exit-code": "The exit status when NAME is not acquired (--no-wait, --timeout): 0 makes a cron entry on several hosts quiet.",
 	"connect-timeout":    "How long an unreachable backend is retried before withlock gives up with 69.",
 	"verbose":            "Say what withlock does and how long each step takes, on stderr, and who holds NAME while it waits (every 30s).",
+	"max-hold":           "The keeper releases NAME this long after acquiring it, if no step has released it before: a pipeline that fails half-way does not hold NAME for ever. Required.",
+	"until-pid":          "The keeper releases NAME when this process ends, checked every 250ms: a shell script gives $$, so that NAME is freed however the script ends.",
 }
 
 // connFlagDetail is the same for the flags of every command that talks to

@@ -7,11 +7,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/withlock/withlock/internal/lock"
 )
 
 // releaseFlags are the flags of withlock release.
 type releaseFlags struct {
 	connFlags
+	handleFlags
 	force   bool
 	timeout time.Duration
 }
@@ -20,7 +23,7 @@ func newReleaseCmd(env *environment) *cobra.Command {
 	f := &releaseFlags{}
 	c := &cobra.Command{
 		Use:   "release --force [flags] NAME",
-		Short: "Break NAME's lock, whoever holds it",
+		Short: "Break NAME's lock, whoever holds it; or end a handle's",
 		Long: `release --force breaks the lock of every current holder of NAME, in every
 mode. Each holder sees the loss, stops its command (TERM, then KILL after its
 --kill-after) and exits 70. --force is required: without it release changes
@@ -45,6 +48,13 @@ HOW EACH BACKEND BREAKS A LOCK
 
 It waits up to --timeout for the holders to let go.
 
+RELEASING A HANDLE
+
+release --handle H (or --handle-file F) ends the lock that withlock acquire
+took and printed H for: its keeper releases NAME and ends. It never
+releases a lock that is no longer the handle's, and needs no --force. Run
+it on the host that acquired the handle.
+
 ENVIRONMENT
 
 - WITHLOCK_DB, PG_CONNECTION_STRING: the backend URL when --db is not given.
@@ -53,13 +63,22 @@ ENVIRONMENT
 EXIT STATUS
 
 - 0: those who held NAME no longer do; it says on stderr whom it broke, or
-  that nothing was held.
+  that nothing was held. With --handle: the handle's lock was released.
 - 64: usage, including a missing --force.
 - 69: the backend is unavailable, or the break is not allowed.
+- 70: with --handle: the handle no longer held its lock (released already,
+  lost, run out, broken, or taken since); it says why.
 - 75: the lock could not be broken within --timeout.`,
 		Example: `  withlock status dbmigration            # see who holds it first
-  withlock release --force dbmigration`,
+  withlock release --force dbmigration
+  withlock release --handle "$H"        # a lock withlock acquire took`,
 		Args: func(_ *cobra.Command, args []string) error {
+			if f.handleFlags.given() {
+				if len(args) > 0 {
+					return usagef("release --handle takes no NAME: the handle names it")
+				}
+				return nil
+			}
 			if len(args) != 1 {
 				return usagef("release takes one NAME, not %d arguments: withlock release --force NAME", len(args))
 			}
@@ -69,6 +88,15 @@ EXIT STATUS
 		SilenceUsage:  true,
 		RunE: func(c *cobra.Command, args []string) error {
 			if err := f.prepare(env); err != nil {
+				return err
+			}
+			if f.handleFlags.given() {
+				if f.force {
+					return usagef("--force breaks whoever holds NAME; --handle ends only the handle's lock: give one of them")
+				}
+				_, err := openHandle(env, &f.connFlags, &f.handleFlags, func(ctx context.Context, client *lock.Client, h handle) error {
+					return releaseHandle(ctx, client, h, f.timeout)
+				})
 				return err
 			}
 			if !f.force {
@@ -99,6 +127,7 @@ EXIT STATUS
 		},
 	}
 	f.connFlags.register(c.Flags())
+	f.handleFlags.register(c.Flags())
 	completeFlags(c)
 	c.ValidArgsFunction = f.completeHeld(env)
 	oneAttempt(c.Flags())

@@ -105,8 +105,11 @@ func newRootCmd(env *environment) *cobra.Command {
 	}
 	root.AddCommand(
 		newRunCmd(env, "run [flags] NAME -- COMMAND [ARG...]"),
+		newAcquireCmd(env),
+		newRenewCmd(env),
 		newStatusCmd(env),
 		newReleaseCmd(env),
+		newKeeperCmd(env),
 		newCheckCmd(env),
 		newVersionCmd(env),
 	)

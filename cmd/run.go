@@ -312,6 +312,22 @@ func (f *runFlags) mode() lock.Mode {
 	return lock.Exclusive
 }
 
+// options are the lock's options the flags give, for this process
+// running command.
+func (f *runFlags) options(command []string, log *slog.Logger) lock.Options {
+	return lock.Options{
+		Mode:           f.mode(),
+		MaxHolders:     f.semaphoreN(),
+		NoWait:         f.noWait,
+		ConnectTimeout: f.connectTimeout,
+		TTL:            f.ttl,
+		Grace:          f.killAfter,
+		HoldAtLeast:    f.holdAtLeast,
+		Holder:         lock.Holder{Host: lock.Hostname(), PID: os.Getpid(), Command: command},
+		Log:            log,
+	}
+}
+
 func (f *runFlags) semaphoreN() int {
 	if f.mode() == lock.Semaphore {
 		return f.maxHolders
@@ -355,17 +371,7 @@ func runLocked(env *environment, f *runFlags, name string, argv []string) (int, 
 		signal.Stop(sigs)
 	}()
 
-	opts := lock.Options{
-		Mode:           f.mode(),
-		MaxHolders:     f.semaphoreN(),
-		NoWait:         f.noWait,
-		ConnectTimeout: f.connectTimeout,
-		TTL:            f.ttl,
-		Grace:          f.killAfter,
-		HoldAtLeast:    f.holdAtLeast,
-		Holder:         lock.Holder{Host: lock.Hostname(), PID: os.Getpid(), Command: argv},
-		Log:            log,
-	}
+	opts := f.options(argv, log)
 	openQuiet := func() (*lock.Client, error) {
 		return lock.Open(dbURL, lock.Options{ConnectTimeout: f.connectTimeout, Holder: opts.Holder, Log: quietLogger})
 	}

@@ -3,6 +3,7 @@ package cmd
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 // statusFlags are the flags of withlock status.
 type statusFlags struct {
 	connFlags
+	handleFlags
 	json bool
 }
 
@@ -60,15 +62,28 @@ ENVIRONMENT
 - WITHLOCK_DB, PG_CONNECTION_STRING: the backend URL when --db is not given.
 - SSL_CERT_FILE, SSL_CERT_DIR, KUBECONFIG: as for withlock(1).
 
+A HANDLE
+
+status --handle H (or --handle-file F) shows the lock of a handle from
+withlock acquire, and exits 70 once the handle no longer holds it: a step
+checks with it before it relies on the lock. With --json, the object has
+"handle_holds": true or false, and the handle's holder is first, with its
+fencing token.
+
 EXIT STATUS
 
-- 0: NAME is held or free; or the list was printed.
+- 0: NAME is held or free; or the list was printed. With --handle: the
+  handle holds NAME.
 - 64: usage: a bad URL or NAME, more than one NAME.
-- 69: the backend is unavailable, or refused.`,
+- 69: the backend is unavailable, or refused.
+- 70: with --handle: the handle no longer holds its lock; it says why.`,
 		Example: `  withlock status --db postgres://ops@db.internal/app dbmigration
   withlock status --json dbmigration | jq .holders
   withlock status --db redis://cache.internal`,
 		Args: func(_ *cobra.Command, args []string) error {
+			if f.handleFlags.given() && len(args) > 0 {
+				return usagef("status --handle takes no NAME: the handle names it")
+			}
 			if len(args) > 1 {
 				return usagef("status takes one NAME, or none to list every lock held, not %d arguments", len(args))
 			}
@@ -77,6 +92,17 @@ EXIT STATUS
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		RunE: func(c *cobra.Command, args []string) error {
+			if f.handleFlags.given() {
+				_, err := openHandle(env, &f.connFlags, &f.handleFlags, func(ctx context.Context, client *lock.Client, h handle) error {
+					st, err := h.held(ctx, client)
+					if errors.Is(err, lock.ErrUnavailable) || errors.Is(err, lock.ErrRefused) {
+						return err
+					}
+					f.printHandle(env.stdout, st, h, err == nil)
+					return err
+				})
+				return err
+			}
 			client, err := f.open(env)
 			if err != nil {
 				return err
@@ -103,6 +129,7 @@ EXIT STATUS
 		},
 	}
 	f.connFlags.register(c.Flags())
+	f.handleFlags.register(c.Flags())
 	completeFlags(c)
 	c.ValidArgsFunction = f.completeHeld(env)
 	oneAttempt(c.Flags())
@@ -122,6 +149,24 @@ func (f *statusFlags) print(w io.Writer, st lock.State, backend string, detail b
 			fmt.Fprintln(w, "  "+describeHolder(h))
 		}
 	}
+}
+
+// printHandle prints NAME's state for status --handle: the handle's
+// holder first, and with --json whether the handle holds NAME.
+func (f *statusFlags) printHandle(w io.Writer, st lock.State, h handle, holds bool) {
+	for i, holder := range st.Holders {
+		if h.matches(holder) {
+			st.Holders[0], st.Holders[i] = st.Holders[i], st.Holders[0]
+		}
+	}
+	if !f.json {
+		f.print(w, st, backendName(f.db), true)
+		return
+	}
+	obj := statusJSON(st, backendName(f.db))
+	obj.HandleHolds = &holds
+	b, _ := json.Marshal(obj)
+	fmt.Fprintf(w, "%s\n", b)
 }
 
 // describe is a lock's state on one line:
@@ -241,6 +286,8 @@ type statusObject struct {
 	MaxHolders *int           `json:"max_holders"`
 	Holders    []holderFields `json:"holders"`
 	holderFields
+	// HandleHolds is, for status --handle, whether the handle holds NAME.
+	HandleHolds *bool `json:"handle_holds,omitempty"`
 }
 
 func statusJSON(st lock.State, backend string) statusObject {

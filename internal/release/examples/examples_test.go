@@ -561,3 +561,249 @@ func writeFile(t *testing.T, name, content string, mode os.FileMode) {
 		t.Fatal(err)
 	}
 }
+
+// stepStub is a pipeline step: it records "$RUN name" when it starts and
+// when it ends, stays a moment (so that two runs that overlapped would
+// interleave their records), and exits $FAIL_<name> if set (its name's
+// dots and dashes as underscores).
+const stepStub = `#!/bin/sh
+name=$(basename "$0")
+echo "$RUN $name start" >>"$STATE/log"
+sleep 0.2
+echo "$RUN $name end" >>"$STATE/log"
+code=$(printenv "FAIL_$(echo "$name" | tr .- __)" || true)
+exit "${code:-0}"
+`
+
+// newStepsEnv is a jobEnv whose directory holds the example's steps as
+// stubs, for pipelines whose runs are told apart by $RUN.
+func newStepsEnv(t *testing.T, steps ...string) *jobEnv {
+	env := newJobEnv(t, "")
+	for _, s := range steps {
+		writeFile(t, filepath.Join(env.dir, s), stepStub, 0o755)
+	}
+	return env
+}
+
+// runsApart checks that the runs' steps did not interleave: each run's
+// records come together, in the order of steps.
+func (e *jobEnv) runsApart(t *testing.T, runs []string, steps ...string) {
+	t.Helper()
+	data, _ := os.ReadFile(filepath.Join(e.dir, "log"))
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	per := 2 * len(steps)
+	if len(lines) != per*len(runs) {
+		t.Fatalf("the steps' records: %q; want %d runs of %q", lines, len(runs), steps)
+	}
+	for i := 0; i < len(lines); i += per {
+		run := strings.Fields(lines[i])[0]
+		for j, s := range steps {
+			for k, what := range []string{"start", "end"} {
+				if want := run + " " + s + " " + what; lines[i+2*j+k] != want {
+					t.Fatalf("the steps' records: %q; at %d want %q: two runs overlapped", lines, i+2*j+k, want)
+				}
+			}
+		}
+	}
+}
+
+// free checks that NAME is free: withlock -n takes it.
+func (e *jobEnv) free(t *testing.T, name string) {
+	t.Helper()
+	if out, err := e.withlock("--timeout", "10s", name, "--", "true").CombinedOutput(); err != nil {
+		t.Errorf("%s is still held after the run: %v\n%s", name, err, out)
+	}
+}
+
+// pipelineStep runs one step's shell script as a CI runner does: its
+// stdout and stderr on pipes, read to EOF. A step that leaves a process
+// holding them (a keeper that did not let go) fails the test: a runner
+// would wait for it.
+func (e *jobEnv) pipelineStep(t *testing.T, vars []string, shell ...string) error {
+	t.Helper()
+	cmd := e.command(shell[0], shell[1:]...)
+	cmd.Env = append(slices.Clone(e.vars), vars...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = 10 * time.Second
+	err := cmd.Run()
+	if errors.Is(err, exec.ErrWaitDelay) {
+		t.Errorf("%q: its stdout or stderr still open 10s after it exited\n%s", shell, &out)
+	}
+	if err != nil {
+		t.Logf("%q: %v\n%s", shell, err, &out)
+	}
+	return err
+}
+
+// runTwice runs A and B at once, and wants each to succeed.
+func runTwice(t *testing.T, run func(name string) bool) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, name := range []string{"A", "B"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !run(name) {
+				t.Errorf("run %s failed", name)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// workflow is the part of a GitHub Actions workflow that the test runs.
+type workflow struct {
+	Jobs map[string]struct {
+		Env   map[string]string `json:"env"`
+		Steps []struct {
+			ID   string `json:"id"`
+			If   string `json:"if"`
+			Uses string `json:"uses"`
+			Run  string `json:"run"`
+		} `json:"steps"`
+	} `json:"jobs"`
+}
+
+// runWorkflow runs the workflow's job as a runner would: each run step a
+// bash script of its own (bash -e, with $GITHUB_OUTPUT), the next ones
+// skipped once one fails unless their if says always(), an if that names a
+// step's output skipped while it is empty; uses steps are skipped. It
+// reports whether the job succeeded.
+func runWorkflow(t *testing.T, e *jobEnv, wf workflow, run string, vars ...string) bool {
+	t.Helper()
+	outputs := map[string]string{} // "steps.ID.outputs.KEY": value
+	expand := func(s string) string {
+		s = strings.ReplaceAll(s, "${{ secrets.WITHLOCK_DB }}", "file://"+filepath.Join(e.dir, "locks"))
+		for k, v := range outputs {
+			s = strings.ReplaceAll(s, "${{ "+k+" }}", v)
+		}
+		return s
+	}
+	ok := true
+	for _, job := range wf.Jobs {
+		env := append([]string{"RUN=" + run}, vars...)
+		for k, v := range job.Env {
+			env = append(env, k+"="+expand(v))
+		}
+		for _, step := range job.Steps {
+			cond := true
+			if !strings.Contains(step.If, "always()") {
+				cond = ok
+			}
+			for _, f := range strings.Fields(strings.NewReplacer("&&", " ", "(", " ", ")", " ").Replace(step.If)) {
+				if strings.HasPrefix(f, "steps.") {
+					cond = cond && outputs[f] != ""
+				}
+			}
+			if step.Uses != "" || !cond {
+				continue
+			}
+			dir := t.TempDir()
+			script, output := filepath.Join(dir, "step.sh"), filepath.Join(dir, "output")
+			writeFile(t, script, expand(step.Run), 0o644)
+			writeFile(t, output, "", 0o644)
+			if err := e.pipelineStep(t, append(env, "GITHUB_OUTPUT="+output), "bash", "--noprofile", "--norc", "-eo", "pipefail", script); err != nil {
+				ok = false
+			}
+			data, _ := os.ReadFile(output)
+			for _, line := range strings.Split(string(data), "\n") {
+				if k, v, found := strings.Cut(line, "="); found && step.ID != "" {
+					outputs["steps."+step.ID+".outputs."+k] = v
+				}
+			}
+		}
+	}
+	return ok
+}
+
+// TestGitHubActions: two runs of the workflow at once deploy one after the
+// other, each step's output reaches EOF as the step ends, and the lock is
+// free after each run; a run whose migration fails releases the lock in
+// its always() step.
+func TestGitHubActions(t *testing.T) {
+	// Not strictly: YAML 1.1 reads the key "on" as true.
+	var wf workflow
+	data, err := os.ReadFile(filepath.Join(dir, "ci", "github-actions.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &wf); err != nil {
+		t.Fatal(err)
+	}
+	if len(wf.Jobs) != 1 {
+		t.Fatalf("%d jobs; want one", len(wf.Jobs))
+	}
+	env := newStepsEnv(t, "migrate.sh", "deploy.sh")
+	runTwice(t, func(run string) bool { return runWorkflow(t, env, wf, run) })
+	env.runsApart(t, []string{"A", "B"}, "migrate.sh", "deploy.sh")
+	env.free(t, "deploy-prod")
+
+	if runWorkflow(t, env, wf, "C", "FAIL_migrate_sh=3") {
+		t.Error("a run whose migration failed succeeded")
+	}
+	env.free(t, "deploy-prod")
+}
+
+// TestGitLabCI: the job's script lines, run as GitLab runs them (one bash
+// script, -e), by two jobs at once: they deploy one after the other; a job
+// whose migration fails frees the lock as its shell ends.
+func TestGitLabCI(t *testing.T) {
+	var jobs map[string]struct {
+		Stage  string   `json:"stage"`
+		Script []string `json:"script"`
+	}
+	decodeStrict(t, "ci/gitlab-ci.yml", &jobs)
+	script := strings.Join(jobs["deploy"].Script, "\n")
+	if script == "" {
+		t.Fatal("no deploy job with a script")
+	}
+	env := newStepsEnv(t, "migrate.sh", "deploy.sh")
+	runTwice(t, func(run string) bool {
+		return env.pipelineStep(t, []string{"RUN=" + run}, "bash", "-eo", "pipefail", "-c", script) == nil
+	})
+	env.runsApart(t, []string{"A", "B"}, "migrate.sh", "deploy.sh")
+	env.free(t, "deploy-prod")
+
+	if env.pipelineStep(t, []string{"RUN=C", "FAIL_migrate_sh=3"}, "bash", "-eo", "pipefail", "-c", script) == nil {
+		t.Error("a job whose migration failed succeeded")
+	}
+	env.free(t, "deploy-prod")
+}
+
+// TestStepsScript: the shell script, run twice at once, runs its steps one
+// run after the other; when a step fails the script ends and the keeper
+// frees the lock (--until-pid $$).
+func TestStepsScript(t *testing.T) {
+	env := newStepsEnv(t, "extract.sh", "load.sh")
+	script, err := filepath.Abs(filepath.Join(dir, "ci", "steps.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runTwice(t, func(run string) bool { return env.pipelineStep(t, []string{"RUN=" + run}, script) == nil })
+	env.runsApart(t, []string{"A", "B"}, "extract.sh", "load.sh")
+	env.free(t, "nightly-etl")
+
+	if env.pipelineStep(t, []string{"RUN=C", "FAIL_extract_sh=3"}, script) == nil {
+		t.Error("a run whose extract failed succeeded")
+	}
+	env.free(t, "nightly-etl")
+}
+
+// TestStepsDocQuotesExamples: docs/steps.md shows each CI example as it
+// is in examples/ci, where the tests above run it.
+func TestStepsDocQuotesExamples(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(dir, "..", "docs", "steps.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"github-actions.yml", "gitlab-ci.yml", "steps.sh"} {
+		example, err := os.ReadFile(filepath.Join(dir, "ci", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(doc, append(append([]byte("\n"), example...), "```"...)) {
+			t.Errorf("docs/steps.md does not show examples/ci/%s as it is, in a code block", name)
+		}
+	}
+}
