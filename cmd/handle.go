@@ -35,6 +35,17 @@ type handle struct {
 	Token    int64     `json:"token,omitempty"` // the fencing token, where the backend has one
 	Acquired time.Time `json:"acquired"`
 	MaxHold  string    `json:"max_hold"`
+	// Lease mode (--detach lease): no keeper; the backend's ticket of the
+	// lease, and the ttl it was given.
+	Lease  bool   `json:"lease,omitempty"`
+	Ticket string `json:"ticket,omitempty"`
+	TTL    string `json:"ttl,omitempty"`
+}
+
+// maxHoldEnd is when --max-hold passes.
+func (h handle) maxHoldEnd() time.Time {
+	d, _ := time.ParseDuration(h.MaxHold)
+	return h.Acquired.Add(d)
 }
 
 // handlePrefix starts every handle: the format's version.
@@ -170,6 +181,12 @@ func readRecord(id string) (keeperRecord, bool) {
 // ended says why the handle's keeper is no longer there, for an error
 // message, from its record if it left one.
 func (h handle) ended() string {
+	if h.Lease {
+		if time.Now().After(h.maxHoldEnd()) {
+			return fmt.Sprintf("its --max-hold %s passed at %s", h.MaxHold, h.maxHoldEnd().Local().Format(time.RFC3339))
+		}
+		return "its lease was released, ran out (no renew within its ttl), or was broken"
+	}
 	r, ok := readRecord(h.ID)
 	if !ok {
 		if !h.local() {

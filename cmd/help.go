@@ -36,6 +36,7 @@ var flagInfo = map[string]struct{ group, value string }{
 	"until-pid":          {"Lock", "PID"},
 	"handle":             {"Lock", "H"},
 	"handle-file":        {"Lock", "F"},
+	"detach":             {"Lock", "keeper|lease"},
 	"no-wait":            {"Waiting", ""},
 	"timeout":            {"Waiting", "D"},
 	"conflict-exit-code": {"Waiting", "N"},

@@ -27,6 +27,7 @@ type acquireFlags struct {
 	maxHold    time.Duration
 	untilPID   int
 	handleFile string
+	detach     string // keeper or lease
 }
 
 const acquireLong = `acquire takes NAME for the steps that follow, where no single command can
@@ -56,13 +57,21 @@ the fencing token (status --handle --json) where it writes. Where the steps
 can be one script, withlock NAME -- ./all-steps.sh keeps the stronger
 guarantee.
 
+--detach lease leaves no process at all, for steps that run on other
+machines or containers (separate CI jobs): on a lease backend (Redis,
+MongoDB, etcd, Kubernetes) the lease itself lasts --ttl from acquisition,
+each renew --handle makes it last --ttl from then, and release --handle
+ends it, from any host. A lease not renewed runs out by itself.
+
 The handle holds no secret: give the backend URL (--db or $WITHLOCK_DB)
 again in each step.
 
 EXIT STATUS
 
 - 0: NAME is held; the handle is printed.
-- 64, 69, 75, 128+S: as for withlock(1).`
+- 64: usage, also --detach lease on a backend that holds locks in a
+  session (PostgreSQL, MySQL, file).
+- 69, 75, 128+S: as for withlock(1).`
 
 func (f *acquireFlags) register(fs *pflag.FlagSet) {
 	f.connFlags.register(fs)
@@ -75,6 +84,7 @@ func (f *acquireFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.maxHold, "max-hold", 0, "release NAME this long after acquiring it, whatever happens (required)")
 	fs.IntVar(&f.untilPID, "until-pid", 0, "release NAME when process PID ends (a script: $$)")
 	fs.StringVar(&f.handleFile, "handle-file", "", "write the handle to F (mode 0600) instead of stdout")
+	fs.StringVar(&f.detach, "detach", "keeper", "keeper: a process holds NAME; lease: no process, the lease lasts --ttl unless renewed")
 	describeFlags(fs, runFlagDetail)
 }
 
@@ -98,6 +108,10 @@ func (f *acquireFlags) prepare(c *cobra.Command, env *environment) error {
 		return usagef("--until-pid must be a process id, not %d", f.untilPID)
 	case f.untilPID > 0 && syscall.Kill(f.untilPID, 0) == syscall.ESRCH:
 		return usagef("--until-pid %d: no such process", f.untilPID)
+	case f.detach != "keeper" && f.detach != "lease":
+		return usagef("--detach is keeper or lease, not %q", f.detach)
+	case f.detach == "lease" && f.untilPID > 0:
+		return usagef("--until-pid needs a keeper to watch the process; with --detach lease, release the handle when done")
 	}
 	return nil
 }
@@ -169,7 +183,14 @@ func startKeeper(c *cobra.Command, env *environment, f *acquireFlags, name strin
 	if err != nil {
 		return 0, err
 	}
+	detachable := client.Detachable()
 	client.Close()
+	if f.detach == "lease" {
+		if !detachable {
+			return 0, usagef("--detach lease needs a backend that holds a lease (redis, mongodb, etcd, k8s); %s holds its lock in a session, which cannot outlive the process that took it: use the keeper (the default)", backendName(dbURL))
+		}
+		return 0, acquireLease(env, f, dbURL, name)
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return 0, fmt.Errorf("cannot find withlock's own executable to start the keeper: %v", err)
@@ -197,13 +218,8 @@ func startKeeper(c *cobra.Command, env *environment, f *acquireFlags, name strin
 	keeper.ExtraFiles = []*os.File{handleW} // fd 3
 	keeper.SysProcAttr = keeperAttr()
 	// Signals that stop a wait are passed on to the keeper while it waits.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, stopSignals...)
-	forwarding.Store(true)
-	defer func() {
-		forwarding.Store(false)
-		signal.Stop(sigs)
-	}()
+	sigs, stop := catchStops()
+	defer stop()
 	closeInheritedOnExec()
 	if err := keeper.Start(); err != nil {
 		return 0, fmt.Errorf("cannot start the keeper: %v", err)
@@ -275,15 +291,6 @@ func keep(env *environment, f *acquireFlags, name string) error {
 	signal.Ignore(syscall.SIGPIPE)
 
 	opts := f.options([]string{"withlock", "acquire", name}, log)
-	client, err := lock.Open(dbURL, opts)
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-	oneAttempt := f.oneAttempt
-	if oneAttempt == "" {
-		oneAttempt = "--no-wait"
-	}
 	// While it waits, the keeper watches acquire: if acquire dies (killed;
 	// its stops are passed on as signals), nobody waits for the lock any
 	// more, and the wait ends as if stopped by SIGTERM.
@@ -307,18 +314,14 @@ func keep(env *environment, f *acquireFlags, name string) error {
 			}
 		}
 	}()
-	held, err := acquire(client, name, f.timeout, oneAttempt, waitSigs)
+	client, held, err := f.take(dbURL, name, opts, waitSigs)
 	close(waiting)
 	if err != nil {
 		return err
 	}
-	h := handle{
-		V: 1, ID: lock.NewToken(), Name: name, Backend: backendID(dbURL),
-		Mode: opts.Mode, N: opts.MaxHolders, Host: opts.Holder.Host, PID: os.Getpid(),
-		Acquired: held.AcquiredAt().UTC(), MaxHold: f.maxHold.String(),
-	}
+	defer client.Close()
+	h := f.newHandle(dbURL, name, opts, held)
 	h.Start, _ = processStart(os.Getpid())
-	h.Token, _ = held.Token()
 
 	end := func(why, detail string) {
 		writeRecord(h.ID, keeperRecord{Ended: time.Now(), Why: why, Detail: detail})
@@ -373,6 +376,75 @@ func keep(env *environment, f *acquireFlags, name string) error {
 	}
 }
 
+// take opens the backend and waits for NAME as the run form does; the
+// signals on sigs stop the wait.
+func (f *acquireFlags) take(dbURL, name string, opts lock.Options, sigs <-chan os.Signal) (*lock.Client, *lock.Held, error) {
+	client, err := lock.Open(dbURL, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	oneAttempt := f.oneAttempt
+	if oneAttempt == "" {
+		oneAttempt = "--no-wait"
+	}
+	held, err := acquire(client, name, f.timeout, oneAttempt, sigs)
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	return client, held, nil
+}
+
+// newHandle is the handle of held, which this process took.
+func (f *acquireFlags) newHandle(dbURL, name string, opts lock.Options, held *lock.Held) handle {
+	h := handle{
+		V: 1, ID: lock.NewToken(), Name: name, Backend: backendID(dbURL),
+		Mode: opts.Mode, N: opts.MaxHolders, Host: opts.Holder.Host, PID: os.Getpid(),
+		Acquired: held.AcquiredAt().UTC(), MaxHold: f.maxHold.String(),
+	}
+	h.Token, _ = held.Token()
+	return h
+}
+
+// catchStops catches the signals that stop a wait (withlock's own
+// handling, not a PID 1's default), until stop.
+func catchStops() (sigs <-chan os.Signal, stop func()) {
+	c := make(chan os.Signal, 4)
+	signal.Notify(c, stopSignals...)
+	forwarding.Store(true)
+	return c, func() {
+		forwarding.Store(false)
+		signal.Stop(c)
+	}
+}
+
+// acquireLease is acquire --detach lease: NAME is taken here, as the run
+// form takes it, and its lease left to last --ttl from now; the handle
+// carries the backend's ticket of it.
+func acquireLease(env *environment, f *acquireFlags, dbURL, name string) error {
+	sigs, stop := catchStops()
+	defer stop()
+	opts := f.options([]string{"withlock", "acquire", "--detach", "lease", name}, env.logger())
+	client, held, err := f.take(dbURL, name, opts, sigs)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	h := f.newHandle(dbURL, name, opts, held)
+	h.Lease, h.TTL = true, f.ttl.String()
+	ctx, cancel := context.WithTimeout(context.Background(), f.connectTimeout)
+	defer cancel()
+	if h.Ticket, err = client.Detach(ctx, held, time.Now().Add(min(f.ttl, f.maxHold))); err != nil {
+		held.Release(context.Background())
+		return err
+	}
+	if f.handleFile != "" {
+		return writeHandleFile(f.handleFile, h.String())
+	}
+	_, err = fmt.Fprintln(env.stdout, h.String())
+	return err
+}
+
 // errNotHeld is the outcome of a step whose handle no longer holds NAME:
 // exit 70, as a lost lock.
 func notHeld(h handle, why string) error {
@@ -384,6 +456,18 @@ func notHeld(h handle, why string) error {
 type handleFlags struct {
 	handle     string
 	handleFile string
+	renewTTL   time.Duration // renew --ttl; zero: the handle's
+}
+
+// ttl is the lease length a lease handle is renewed for.
+func (f *handleFlags) ttl(h handle) time.Duration {
+	if f.renewTTL > 0 {
+		return f.renewTTL
+	}
+	if d, err := time.ParseDuration(h.TTL); err == nil && d > 0 {
+		return d
+	}
+	return lock.DefaultTTL
 }
 
 func (f *handleFlags) register(fs *pflag.FlagSet) {
@@ -425,7 +509,7 @@ func (h handle) held(ctx context.Context, client *lock.Client) (lock.State, erro
 	if err != nil {
 		return st, err
 	}
-	if h.local() && !h.keeperAlive() {
+	if !h.Lease && h.local() && !h.keeperAlive() {
 		return st, notHeld(h, h.ended())
 	}
 	for _, holder := range st.Holders {
@@ -433,7 +517,7 @@ func (h handle) held(ctx context.Context, client *lock.Client) (lock.State, erro
 			return st, nil
 		}
 	}
-	if len(st.Holders) > 0 && h.local() {
+	if len(st.Holders) > 0 && h.local() && !h.Lease {
 		return st, notHeld(h, fmt.Sprintf("it is %s (its keeper, pid %d, has not noticed yet)", heldText(st), h.PID))
 	}
 	if len(st.Holders) > 0 {
@@ -458,6 +542,11 @@ handle's: its keeper runs and the backend lists it as the holder. The keeper
 renews the lock itself; renew is the check a step makes before it relies on
 the lock.
 
+For a handle of acquire --detach lease, renew also extends the lease: it
+lasts --ttl from now (default: acquire's --ttl), but never past
+acquire's --max-hold. Once --max-hold has passed, renew releases the lease
+and exits 70.
+
 EXIT STATUS
 
 - 0: the handle's lock is held.
@@ -468,9 +557,14 @@ EXIT STATUS
 		Example: `  withlock renew --handle "$H" && ./deploy`,
 		Args:    noArgs("renew"),
 		RunE: func(c *cobra.Command, args []string) error {
+			if f.renewTTL < 0 || c.Flags().Changed("ttl") && f.renewTTL < minTTL {
+				return usagef("--ttl must be at least %s", minTTL)
+			}
 			_, err := openHandle(env, &f.connFlags, &f.handleFlags, func(ctx context.Context, client *lock.Client, h handle) error {
-				_, err := h.held(ctx, client)
-				return err
+				if _, err := h.held(ctx, client); err != nil || !h.Lease {
+					return err
+				}
+				return renewLease(ctx, client, h, f.ttl(h))
 			})
 			return err
 		},
@@ -479,9 +573,38 @@ EXIT STATUS
 	}
 	f.connFlags.register(c.Flags())
 	f.handleFlags.register(c.Flags())
+	c.Flags().DurationVar(&f.renewTTL, "ttl", 0, "with --detach lease: the lease lasts D from now (default: acquire's --ttl)")
 	oneAttempt(c.Flags())
 	completeFlags(c)
 	return c
+}
+
+// renewLease makes the handle's lease last ttl from now, but not past
+// --max-hold: once that has passed, it releases the lease instead and
+// fails (exit 70).
+func renewLease(ctx context.Context, client *lock.Client, h handle, ttl time.Duration) error {
+	lease, l, err := client.Resume(ctx, h.Name, h.Ticket)
+	if err != nil {
+		return leaseOutcome(h, err)
+	}
+	until := time.Now().Add(ttl)
+	if end := h.maxHoldEnd(); !until.Before(end) {
+		if time.Until(end) < time.Millisecond {
+			l.Release(ctx)
+			return notHeld(h, h.ended())
+		}
+		until = end
+	}
+	return leaseOutcome(h, lease.ReleaseAt(ctx, until))
+}
+
+// leaseOutcome is what a step says of err, from a lease taken up again:
+// one no longer the handle's is exit 70.
+func leaseOutcome(h handle, err error) error {
+	if errors.Is(err, lock.ErrNotOurs) {
+		return notHeld(h, h.ended())
+	}
+	return err
 }
 
 // openHandle reads the handle, opens its backend and calls do with both,
@@ -494,7 +617,9 @@ func openHandle(env *environment, cf *connFlags, hf *handleFlags, do func(contex
 	if err != nil {
 		return h, err
 	}
-	client, err := cf.open(env)
+	// The lock's mode, as acquire took it: a lease taken up again is
+	// written as its holder writes it.
+	client, err := cf.openWith(env, lock.Options{Mode: h.Mode, MaxHolders: h.N, TTL: hf.ttl(h)})
 	if err != nil {
 		return h, err
 	}
@@ -511,6 +636,13 @@ func openHandle(env *environment, cf *connFlags, hf *handleFlags, do func(contex
 // for it to end, within timeout. It fails (exit 70) if NAME was no longer
 // the handle's.
 func releaseHandle(ctx context.Context, client *lock.Client, h handle, timeout time.Duration) error {
+	if h.Lease {
+		_, l, err := client.Resume(ctx, h.Name, h.Ticket)
+		if err != nil {
+			return leaseOutcome(h, err)
+		}
+		return leaseOutcome(h, l.Release(ctx))
+	}
 	if !h.local() {
 		return usagef("the keeper of this handle runs on %s; release it there", h.Host)
 	}

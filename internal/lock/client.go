@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Client is a Backend opened with one Options value: Acquire's wait loop,
@@ -67,6 +68,46 @@ func (c *Client) Break(ctx context.Context, name string) ([]Holder, error) {
 		return broken, fmt.Errorf("release %q: %w", name, err)
 	}
 	return broken, nil
+}
+
+// Detach stops keeping h, a lock this Client took, without releasing it:
+// its lease runs out at until unless renewed. It returns the ticket with
+// which Resume takes the lease up again. A backend whose locks are held by
+// a session fails with ErrUsage.
+func (c *Client) Detach(ctx context.Context, h *Held, until time.Time) (string, error) {
+	d, ok := c.Backend.(Detachable)
+	if !ok {
+		return "", Errorf(ErrUsage, "this backend holds a lock in a session, which cannot outlive the process that took it")
+	}
+	if err := h.Detach(ctx, until); err != nil {
+		return "", err
+	}
+	return d.Ticket(h.lease), nil
+}
+
+// Resume takes up again the lease of name that ticket (from Detach) names,
+// as Detachable.Resume says.
+func (c *Client) Resume(ctx context.Context, name, ticket string) (Expiring, Lease, error) {
+	d, ok := c.Backend.(Detachable)
+	if !ok {
+		return nil, nil, Errorf(ErrUsage, "this backend holds a lock in a session: it has no leases to take up again")
+	}
+	l, err := d.Resume(ctx, name, ticket)
+	if err != nil {
+		return nil, nil, err
+	}
+	e, ok := l.(Expiring)
+	if !ok {
+		return nil, nil, fmt.Errorf("the backend resumed a lease that does not expire")
+	}
+	return e, l, nil
+}
+
+// Detachable reports whether the backend's leases can outlive the
+// process that took them (Detach).
+func (c *Client) Detachable() bool {
+	_, ok := c.Backend.(Detachable)
+	return ok
 }
 
 // oldestFirst orders holders by when they took the lock (unknown last),

@@ -40,11 +40,11 @@ type Held struct {
 	// (written before lost is closed).
 	unanswered bool
 
-	// stopKeeping ends the keep loop's waits: no new Keep starts. It does
+	// stopLoop ends the keep loop's waits: no new Keep starts. It does
 	// not interrupt a Keep in flight, which may be using the very
 	// connection that Release needs (a server may end the session when a
 	// statement is cut off); abortKeep does, as a last resort.
-	stopKeeping context.CancelFunc
+	stopLoop    context.CancelFunc
 	abortKeep   context.CancelFunc
 	keeperDone  chan struct{}
 	releaseOnce sync.Once
@@ -56,16 +56,16 @@ func newHeld(name string, lease Lease, confirmed instant, opts Options) *Held {
 	keepCtx, abort := context.WithCancel(context.Background())
 	waitCtx, stop := context.WithCancel(keepCtx)
 	h := &Held{
-		name:        name,
-		lease:       lease,
-		opts:        opts,
-		log:         opts.Log.With("lock", name),
-		acquiredAt:  confirmed.mono,
-		acquired:    confirmed,
-		lost:        make(chan struct{}),
-		stopKeeping: stop,
-		abortKeep:   abort,
-		keeperDone:  make(chan struct{}),
+		name:       name,
+		lease:      lease,
+		opts:       opts,
+		log:        opts.Log.With("lock", name),
+		acquiredAt: confirmed.mono,
+		acquired:   confirmed,
+		lost:       make(chan struct{}),
+		stopLoop:   stop,
+		abortKeep:  abort,
+		keeperDone: make(chan struct{}),
 	}
 	go h.keep(waitCtx, keepCtx)
 	return h
@@ -312,6 +312,43 @@ func (h *Held) Release(ctx context.Context) error {
 	return h.releaseErr
 }
 
+// Detach stops keeping the lock without releasing it, and lets its lease
+// run out at until instead (Expiring.ReleaseAt): the lease outlives this
+// process, and another may take it up again (Detachable). Release is then
+// a no-op. It fails if the lock was lost, or if it is not a lease.
+func (h *Held) Detach(ctx context.Context, until time.Time) error {
+	expiring, ok := h.lease.(Expiring)
+	if !ok {
+		return Errorf(ErrUsage, "the lock %q is held by a session, which cannot outlive this process", h.name)
+	}
+	var err error
+	h.releaseOnce.Do(func() {
+		rctx, cancel := h.stopKeeping(ctx)
+		defer cancel()
+		if err = h.Err(); err == nil {
+			err = expiring.ReleaseAt(rctx, until)
+		}
+		h.releaseErr = err
+	})
+	return err
+}
+
+// stopKeeping ends the keep loop, letting a Keep in flight finish, and
+// returns the context that the release (or detach) that follows must
+// finish within.
+func (h *Held) stopKeeping(ctx context.Context) (context.Context, context.CancelFunc) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	h.stopLoop()
+	select {
+	case <-h.keeperDone:
+	case <-rctx.Done():
+		h.abortKeep()
+		<-h.keeperDone
+	}
+	h.abortKeep()
+	return rctx, cancel
+}
+
 func (h *Held) release(ctx context.Context) error {
 	// HoldAtLeast is counted on the monotonic clock alone, unlike the
 	// lease's life: a host suspended meanwhile holds on longer than asked
@@ -339,16 +376,8 @@ func (h *Held) release(ctx context.Context) error {
 	// statement off can end the session (on some servers) whose lock is about
 	// to be given back. The Keep is bounded by its own deadline; the wait
 	// for it and the release share releaseTimeout.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	rctx, cancel := h.stopKeeping(ctx)
 	defer cancel()
-	h.stopKeeping()
-	select {
-	case <-h.keeperDone:
-	case <-rctx.Done():
-		h.abortKeep()
-		<-h.keeperDone
-	}
-	h.abortKeep()
 	if err := h.Err(); err != nil {
 		h.log.Debug("lost before it could be released", "err", err)
 		if h.unanswered {

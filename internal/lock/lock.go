@@ -88,7 +88,7 @@ var (
 //     returning an error wrapping ErrLost when the lock is known gone;
 //     Release gives the lock up, only if it is still ours (ErrNotOurs if
 //     it was not).
-//  5. Implement the optional interfaces that apply (at most these four).
+//  5. Implement the optional interfaces that apply (at most these five).
 //  6. Register the URL schemes in the package's init, and blank-import the
 //     package in cmd/backends.go.
 //  7. Run the conformance suite (internal/lock/locktest) from the package's
@@ -188,4 +188,20 @@ type Expiring interface {
 	// ReleaseAt lets the lock end at until instead of now. Held calls it
 	// only when until is at least a millisecond away (Release otherwise).
 	ReleaseAt(ctx context.Context, until time.Time) error
+}
+
+// Detachable is a Backend whose leases can outlive the process that took
+// them (withlock acquire --detach lease): the lease is written down as a
+// ticket and left to run out, and another process takes it up again to
+// renew or release it (redis, mongodb, etcd, k8s).
+type Detachable interface {
+	// Ticket is what identifies l, a Lease this backend returned, for
+	// Resume. It holds no secret.
+	Ticket(l Lease) string
+	// Resume returns the lease that ticket names on name, as its holder
+	// holds it: an Expiring whose ReleaseAt moves its end (renewing it)
+	// and whose Release ends it, each only if it is still the ticket's
+	// (an error wrapping ErrNotOurs otherwise). An error wrapping
+	// ErrNotOurs from Resume itself means the lease is known gone.
+	Resume(ctx context.Context, name, ticket string) (Lease, error)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,8 +17,9 @@ import (
 )
 
 var (
-	_ lock.Expiring = (*lease)(nil)
-	_ lock.Watcher  = (*lease)(nil)
+	_ lock.Expiring   = (*lease)(nil)
+	_ lock.Watcher    = (*lease)(nil)
+	_ lock.Detachable = (*backend)(nil)
 )
 
 // lease is a key in a lock's queue and the etcd lease it is attached to:
@@ -423,17 +426,27 @@ func (w *keyWatch) set(st keyState) {
 }
 
 func (w *keyWatch) state() keyState {
+	if w == nil {
+		return keyUnknown // a lease taken up again (Resume) has no watch
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.st
 }
 
 // stop ends the watch; it may be called more than once.
-func (w *keyWatch) stop() { w.cancel() }
+func (w *keyWatch) stop() {
+	if w != nil {
+		w.cancel()
+	}
+}
 
 // reset ends the watch's stream: the watch reads the key and is opened
 // again, on a new stream.
 func (w *keyWatch) reset() {
+	if w == nil {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.cur != nil {
@@ -449,4 +462,36 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// Ticket is the lease's key and its create revision (the fencing token).
+// Not the etcd lease's ID: ReleaseAt moves the key to a new lease.
+func (b *backend) Ticket(l lock.Lease) string {
+	el := l.(*lease)
+	return strconv.FormatInt(el.rev, 10) + ":" + el.key
+}
+
+// Resume takes up the lease that ticket names: its key, still of the same
+// create revision, and the etcd lease the key is on now. It is kept by
+// ReleaseAt; it has no watch of its key.
+func (b *backend) Resume(ctx context.Context, name, ticket string) (lock.Lease, error) {
+	rev, key, ok := strings.Cut(ticket, ":")
+	n, err := strconv.ParseInt(rev, 10, 64)
+	if !ok || err != nil || key == "" {
+		return nil, lock.Errorf(lock.ErrUsage, "etcd: %q is not a lease's ticket", ticket)
+	}
+	c, err := b.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := b.call(ctx)
+	defer cancel()
+	resp, err := c.Get(cctx, key, clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, b.classify(err)
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != n {
+		return nil, lock.Errorf(lock.ErrNotOurs, "etcd: the lock's key %s is gone (released, run out, or revoked)", key)
+	}
+	return &lease{b: b, name: name, key: key, id: clientv3.LeaseID(resp.Kvs[0].Lease), rev: n}, nil
 }

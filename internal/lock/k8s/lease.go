@@ -11,7 +11,10 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
-var _ lock.Expiring = (*lease)(nil)
+var (
+	_ lock.Expiring   = (*lease)(nil)
+	_ lock.Detachable = (*backend)(nil)
+)
 
 // lease is a Lease we hold: obj is what our last write left.
 type lease struct {
@@ -149,8 +152,11 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 		next.Spec.LeaseDurationSeconds = int32(math.Ceil(left.Seconds()))
 	}
 	out, created, err := l.b.c.updateAs(ctx, l.ns, next, manager)
-	if err == nil && created {
+	switch {
+	case err == nil && created:
 		l.b.c.update(ctx, l.ns, freed(out)) // the copy this made: freed
+	case err == nil:
+		l.obj = out // a lease taken up again (Resume) may be released later
 	}
 	return l.released(err, created)
 }
@@ -159,3 +165,30 @@ func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 // changes only leaseDurationSeconds: the time of withlock's own entry in
 // managedFields, the server's record of the last renewal, then stays.
 const holdManager = "withlock-hold"
+
+// Ticket is the name of the Lease held (a semaphore's slot) and the
+// holder's identity in it.
+func (b *backend) Ticket(l lock.Lease) string {
+	kl := l.(*lease)
+	return kl.obj.Spec.HolderIdentity + " " + kl.obj.Metadata.Name
+}
+
+// Resume takes up the Lease that ticket names: it must still have the
+// ticket's holder. Its writes are conditional on the version read here.
+func (b *backend) Resume(ctx context.Context, name, ticket string) (lock.Lease, error) {
+	identity, leaseName, ok := strings.Cut(ticket, " ")
+	if !ok || identity == "" || leaseName == "" {
+		return nil, lock.Errorf(lock.ErrUsage, "k8s: %q is not a lease's ticket", ticket)
+	}
+	obj, err := b.c.get(ctx, b.cfg.namespace, leaseName)
+	switch {
+	case isCode(err, http.StatusNotFound):
+		return nil, lock.Errorf(lock.ErrNotOurs, "k8s: the Lease %s/%s was deleted", b.cfg.namespace, leaseName)
+	case err != nil:
+		return nil, b.classify(err, "get")
+	case obj.Spec.HolderIdentity != identity:
+		return nil, lock.Errorf(lock.ErrNotOurs, "k8s: the Lease %s/%s is no longer held by %s", b.cfg.namespace, leaseName, identity)
+	}
+	b.identity = identity
+	return &lease{b: b, name: name, ns: b.cfg.namespace, obj: obj, sent: time.Now()}, nil
+}

@@ -534,6 +534,47 @@ func runLease(t *testing.T, open OpenFunc, o Lease) {
 			t.Errorf("the newcomer lost its lease to the old holder's Release: %v", err)
 		}
 	})
+	t.Run("Detached", func(t *testing.T) {
+		// A lease detached by its holder and taken up again by another
+		// client (another process, in withlock acquire --detach lease)
+		// holds the lock, moves its end, and releases it, only while it
+		// is the ticket's.
+		a, name := open(t, lock.Options{TTL: 10 * time.Second}), Name(t)
+		if !a.Detachable() {
+			t.Fatal("a lease backend must be lock.Detachable")
+		}
+		h, err := a.Acquire(Context(t), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ticket, err := a.Detach(Context(t), h, time.Now().Add(10*time.Second))
+		if err != nil {
+			t.Fatalf("Detach: %v", err)
+		}
+		other := withTTL(t, 10*time.Second)
+		if _, err := other.TryAcquire(Context(t), name); !errors.Is(err, lock.ErrHeld) {
+			t.Fatalf("TryAcquire of a detached lease: %v; want ErrHeld", err)
+		}
+		resumer := open(t, lock.Options{TTL: 10 * time.Second})
+		e, l, err := resumer.Resume(Context(t), name, ticket)
+		if err != nil {
+			t.Fatalf("Resume: %v", err)
+		}
+		if err := e.ReleaseAt(Context(t), time.Now().Add(20*time.Second)); err != nil {
+			t.Fatalf("ReleaseAt of a resumed lease: %v", err)
+		}
+		if err := l.Release(Context(t)); err != nil {
+			t.Fatalf("Release of a resumed lease: %v", err)
+		}
+		mustRelease(t, mustTry(t, other, name))
+		if _, l, err := resumer.Resume(Context(t), name, ticket); err == nil {
+			if err := l.Release(Context(t)); !errors.Is(err, lock.ErrNotOurs) {
+				t.Errorf("a second Release of a resumed lease: %v; want ErrNotOurs", err)
+			}
+		} else if !errors.Is(err, lock.ErrNotOurs) {
+			t.Errorf("Resume of a released lease: %v; want ErrNotOurs, or a lease whose Release says so", err)
+		}
+	})
 	t.Run("Expires", func(t *testing.T) {
 		// Short, but long enough that one attempt fits in ttl - grace on a
 		// loaded machine (a backend may bound its attempt by that).

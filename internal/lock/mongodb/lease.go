@@ -3,12 +3,17 @@ package mongodb
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/withlock/withlock/internal/lock"
 )
 
-var _ lock.Expiring = (*lease)(nil)
+var (
+	_ lock.Expiring   = (*lease)(nil)
+	_ lock.Detachable = (*backend)(nil)
+)
 
 type lease struct {
 	b     *backend
@@ -198,4 +203,34 @@ func (l *lease) Release(ctx context.Context) error {
 func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
 	left := time.Until(until)
 	return l.extend(ctx, opLinger, left.Truncate(time.Millisecond)+time.Millisecond)
+}
+
+// Ticket is the lease's holder id and fencing token.
+func (b *backend) Ticket(l lock.Lease) string {
+	ml := l.(*lease)
+	return ml.id + ":" + strconv.FormatInt(ml.token, 10)
+}
+
+// Resume takes up the lease that ticket names: the newest state of the
+// chain must still list its holder id (follow), and is the one the next
+// write goes after.
+func (b *backend) Resume(ctx context.Context, name, ticket string) (lock.Lease, error) {
+	id, token, ok := strings.Cut(ticket, ":")
+	n, err := strconv.ParseInt(token, 10, 64)
+	if !ok || err != nil || id == "" {
+		return nil, lock.Errorf(lock.ErrUsage, "mongodb: %q is not a lease's ticket", ticket)
+	}
+	if err := b.connect(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
+	l := &lease{b: b, name: name, id: id, token: n}
+	if err := l.follow(ctx); err != nil {
+		if errors.Is(err, lock.ErrLost) {
+			return nil, lock.Errorf(lock.ErrNotOurs, "mongodb: %w", err)
+		}
+		return nil, err
+	}
+	return l, nil
 }

@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -9,7 +11,10 @@ import (
 	"github.com/withlock/withlock/internal/lock"
 )
 
-var _ lock.Expiring = (*lease)(nil)
+var (
+	_ lock.Expiring   = (*lease)(nil)
+	_ lock.Detachable = (*backend)(nil)
+)
 
 type lease struct {
 	b     *backend
@@ -96,4 +101,24 @@ func (l *lease) renewed(reply any) error {
 		}
 	}
 	return l.b.unexpected("renew", reply)
+}
+
+// Ticket is the lease's holder token and fencing token.
+func (b *backend) Ticket(l lock.Lease) string {
+	rl := l.(*lease)
+	return rl.token + ":" + strconv.FormatInt(rl.fence, 10)
+}
+
+// Resume takes up the lease that ticket names. The renew and release
+// scripts check the holder token, so nothing is read here.
+func (b *backend) Resume(ctx context.Context, name, ticket string) (lock.Lease, error) {
+	token, fence, ok := strings.Cut(ticket, ":")
+	n, err := strconv.ParseInt(fence, 10, 64)
+	if !ok || err != nil || token == "" {
+		return nil, lock.Errorf(lock.ErrUsage, "redis: %q is not a lease's ticket", ticket)
+	}
+	if err := b.connect(ctx); err != nil {
+		return nil, err
+	}
+	return &lease{b: b, name: name, token: token, fence: n}, nil
 }

@@ -25,6 +25,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/withlock/withlock/internal/testenv"
 )
 
 // dir is examples/ in this checkout.
@@ -396,6 +398,7 @@ echo "$*" >>"$STATE/systemctl"
 // stub stands in for the example's job.
 type jobEnv struct {
 	dir    string // $STATE: the stubs' records, and the job under prefix's name
+	db     string // $WITHLOCK_DB
 	prefix string
 	stub   string // the job stub's script
 	vars   []string
@@ -421,9 +424,15 @@ rmdir "$STATE/running"
 	e.vars = []string{
 		"PATH=" + binDir + string(os.PathListSeparator) + filepath.Join(e.dir, "bin") + string(os.PathListSeparator) + "/usr/bin:/bin",
 		"STATE=" + e.dir,
-		"WITHLOCK_DB=file://" + filepath.Join(e.dir, "locks"),
 	}
+	e.useDB("file://" + filepath.Join(e.dir, "locks"))
 	return e
+}
+
+// useDB makes url the lock's database ($WITHLOCK_DB).
+func (e *jobEnv) useDB(url string) {
+	e.db = url
+	e.vars = append(slices.DeleteFunc(e.vars, func(v string) bool { return strings.HasPrefix(v, "WITHLOCK_DB=") }), "WITHLOCK_DB="+url)
 }
 
 // move rewrites the example's paths under prefix to the test's directory.
@@ -655,8 +664,11 @@ func runTwice(t *testing.T, run func(name string) bool) {
 // workflow is the part of a GitHub Actions workflow that the test runs.
 type workflow struct {
 	Jobs map[string]struct {
-		Env   map[string]string `json:"env"`
-		Steps []struct {
+		Needs   any               `json:"needs"` // a job's name, or a list of them
+		If      string            `json:"if"`
+		Env     map[string]string `json:"env"`
+		Outputs map[string]string `json:"outputs"`
+		Steps   []struct {
 			ID   string `json:"id"`
 			If   string `json:"if"`
 			Uses string `json:"uses"`
@@ -665,56 +677,121 @@ type workflow struct {
 	} `json:"jobs"`
 }
 
-// runWorkflow runs the workflow's job as a runner would: each run step a
-// bash script of its own (bash -e, with $GITHUB_OUTPUT), the next ones
-// skipped once one fails unless their if says always(), an if that names a
-// step's output skipped while it is empty; uses steps are skipped. It
-// reports whether the job succeeded.
+// needs lists the jobs that job waits for.
+func (wf workflow) needs(job string) []string {
+	switch n := wf.Jobs[job].Needs.(type) {
+	case string:
+		return []string{n}
+	case []any:
+		var names []string
+		for _, v := range n {
+			names = append(names, fmt.Sprint(v))
+		}
+		return names
+	}
+	return nil
+}
+
+// runs reports whether a step or job whose if is cond runs, given whether
+// all went well before it and the values of the expressions known: only
+// always() runs after a failure, and an output named in cond must be set.
+func runs(cond string, ok bool, values map[string]string) bool {
+	run := ok || strings.Contains(cond, "always()")
+	for _, f := range strings.Fields(strings.NewReplacer("&&", " ", "(", " ", ")", " ").Replace(cond)) {
+		if strings.HasPrefix(f, "steps.") || strings.HasPrefix(f, "needs.") {
+			run = run && values[f] != ""
+		}
+	}
+	return run
+}
+
+// runWorkflow runs the workflow's jobs as GitHub would, each once the jobs
+// it needs have ended (a job whose needs failed is skipped unless its if
+// says always()); each run step a bash script of its own (bash -e, with
+// $GITHUB_OUTPUT), the next ones skipped once one fails unless their if
+// says always(); uses steps skipped; an if that names an output skipped
+// while it is empty. Jobs pass outputs on through needs. It reports
+// whether every job that ran succeeded.
 func runWorkflow(t *testing.T, e *jobEnv, wf workflow, run string, vars ...string) bool {
 	t.Helper()
-	outputs := map[string]string{} // "steps.ID.outputs.KEY": value
+	values := map[string]string{} // "steps.ID.outputs.KEY", "needs.JOB.outputs.KEY": value
 	expand := func(s string) string {
-		s = strings.ReplaceAll(s, "${{ secrets.WITHLOCK_DB }}", "file://"+filepath.Join(e.dir, "locks"))
-		for k, v := range outputs {
+		s = strings.ReplaceAll(s, "${{ secrets.WITHLOCK_DB }}", e.db)
+		for k, v := range values {
 			s = strings.ReplaceAll(s, "${{ "+k+" }}", v)
 		}
 		return s
 	}
-	ok := true
-	for _, job := range wf.Jobs {
-		env := append([]string{"RUN=" + run}, vars...)
-		for k, v := range job.Env {
-			env = append(env, k+"="+expand(v))
-		}
-		for _, step := range job.Steps {
-			cond := true
-			if !strings.Contains(step.If, "always()") {
-				cond = ok
+	allOK, done, failed := true, map[string]bool{}, map[string]bool{}
+	for len(done) < len(wf.Jobs) {
+		progress := false
+		for name, job := range wf.Jobs {
+			ready, needsOK := !done[name], true
+			for _, n := range wf.needs(name) {
+				ready = ready && done[n]
+				needsOK = needsOK && !failed[n]
 			}
-			for _, f := range strings.Fields(strings.NewReplacer("&&", " ", "(", " ", ")", " ").Replace(step.If)) {
-				if strings.HasPrefix(f, "steps.") {
-					cond = cond && outputs[f] != ""
-				}
-			}
-			if step.Uses != "" || !cond {
+			if !ready {
 				continue
 			}
-			dir := t.TempDir()
-			script, output := filepath.Join(dir, "step.sh"), filepath.Join(dir, "output")
-			writeFile(t, script, expand(step.Run), 0o644)
-			writeFile(t, output, "", 0o644)
-			if err := e.pipelineStep(t, append(env, "GITHUB_OUTPUT="+output), "bash", "--noprofile", "--norc", "-eo", "pipefail", script); err != nil {
-				ok = false
+			done[name], progress = true, true
+			if !runs(job.If, needsOK, values) {
+				failed[name] = !needsOK
+				continue
 			}
-			data, _ := os.ReadFile(output)
-			for _, line := range strings.Split(string(data), "\n") {
-				if k, v, found := strings.Cut(line, "="); found && step.ID != "" {
-					outputs["steps."+step.ID+".outputs."+k] = v
+			for k := range values {
+				if strings.HasPrefix(k, "steps.") {
+					delete(values, k)
 				}
 			}
+			env := append([]string{"RUN=" + run}, vars...)
+			for k, v := range job.Env {
+				env = append(env, k+"="+expand(v))
+			}
+			ok := true
+			for _, step := range job.Steps {
+				if step.Uses != "" || !runs(step.If, ok, values) {
+					continue
+				}
+				dir := t.TempDir()
+				script, output := filepath.Join(dir, "step.sh"), filepath.Join(dir, "output")
+				writeFile(t, script, expand(step.Run), 0o644)
+				writeFile(t, output, "", 0o644)
+				if err := e.pipelineStep(t, append(env, "GITHUB_OUTPUT="+output), "bash", "--noprofile", "--norc", "-eo", "pipefail", script); err != nil {
+					ok = false
+				}
+				data, _ := os.ReadFile(output)
+				for _, line := range strings.Split(string(data), "\n") {
+					if k, v, found := strings.Cut(line, "="); found && step.ID != "" {
+						values["steps."+step.ID+".outputs."+k] = v
+					}
+				}
+			}
+			for k, v := range job.Outputs {
+				values["needs."+name+".outputs."+k] = expand(v)
+			}
+			failed[name] = !ok
+			allOK = allOK && ok
+		}
+		if !progress {
+			t.Fatalf("the jobs' needs form a cycle, or name a job not there")
 		}
 	}
-	return ok
+	return allOK
+}
+
+// readWorkflow reads a workflow of examples/ci. Not strictly: YAML 1.1
+// reads the key "on" as true.
+func readWorkflow(t *testing.T, name string) workflow {
+	var wf workflow
+	data, err := os.ReadFile(filepath.Join(dir, "ci", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &wf); err != nil {
+		t.Fatal(err)
+	}
+	return wf
 }
 
 // TestGitHubActions: two runs of the workflow at once deploy one after the
@@ -722,27 +799,37 @@ func runWorkflow(t *testing.T, e *jobEnv, wf workflow, run string, vars ...strin
 // free after each run; a run whose migration fails releases the lock in
 // its always() step.
 func TestGitHubActions(t *testing.T) {
-	// Not strictly: YAML 1.1 reads the key "on" as true.
-	var wf workflow
-	data, err := os.ReadFile(filepath.Join(dir, "ci", "github-actions.yml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(data, &wf); err != nil {
-		t.Fatal(err)
-	}
+	wf := readWorkflow(t, "github-actions.yml")
 	if len(wf.Jobs) != 1 {
 		t.Fatalf("%d jobs; want one", len(wf.Jobs))
 	}
-	env := newStepsEnv(t, "migrate.sh", "deploy.sh")
+	checkDeployWorkflow(t, newStepsEnv(t, "migrate.sh", "deploy.sh"), wf)
+}
+
+// checkDeployWorkflow runs wf, a deploy in steps under deploy-prod, twice
+// at once, and wants the runs one after the other and the lock free
+// after; then once with a migration that fails, and wants the run to fail
+// and the lock free.
+func checkDeployWorkflow(t *testing.T, env *jobEnv, wf workflow) {
+	t.Helper()
 	runTwice(t, func(run string) bool { return runWorkflow(t, env, wf, run) })
 	env.runsApart(t, []string{"A", "B"}, "migrate.sh", "deploy.sh")
 	env.free(t, "deploy-prod")
-
 	if runWorkflow(t, env, wf, "C", "FAIL_migrate_sh=3") {
 		t.Error("a run whose migration failed succeeded")
 	}
 	env.free(t, "deploy-prod")
+}
+
+// TestGitHubActionsJobs: the workflow of three jobs, with a lease
+// (Redis) that no process keeps between them: two runs at once deploy one
+// after the other and leave the lock free; a run whose migration fails
+// releases it in its always() job.
+func TestGitHubActionsJobs(t *testing.T) {
+	wf := readWorkflow(t, "github-actions-jobs.yml")
+	env := newStepsEnv(t, "migrate.sh", "deploy.sh")
+	env.useDB(testenv.RequireRedis(t).URL)
+	checkDeployWorkflow(t, env, wf)
 }
 
 // TestGitLabCI: the job's script lines, run as GitLab runs them (one bash
@@ -797,7 +884,7 @@ func TestStepsDocQuotesExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"github-actions.yml", "gitlab-ci.yml", "steps.sh"} {
+	for _, name := range []string{"github-actions.yml", "github-actions-jobs.yml", "gitlab-ci.yml", "steps.sh"} {
 		example, err := os.ReadFile(filepath.Join(dir, "ci", name))
 		if err != nil {
 			t.Fatal(err)
