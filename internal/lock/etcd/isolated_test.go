@@ -20,7 +20,7 @@ import (
 
 // TestMemberIsolated: on a 3-member cluster whose peer ports are behind
 // fault proxies, the member withlock talks to is cut off from its peers
-// while a holder holds, with a ttl of 3s, and a waiter waits, both through
+// while a holder holds, with a ttl of 6s, and a waiter waits, both through
 // that member. Every connection a peer makes to it is black-holed, so
 // nothing it says reaches them; what they send on the connections it made
 // still reaches it. It goes on following the leader, so it takes requests
@@ -89,7 +89,10 @@ func testIsolated(t *testing.T, members []*testenv.Etcd, all bool) {
 	defer maj.Close()
 
 	name := locktest.Name(t)
-	opts := lock.Options{TTL: 3 * time.Second, Grace: time.Second, ConnectTimeout: time.Minute}
+	// The holder has ttl − grace to renew through the majority once the
+	// isolated member stops answering: room for an election and a
+	// failover on a busy machine.
+	opts := lock.Options{TTL: 6 * time.Second, Grace: time.Second, ConnectTimeout: time.Minute}
 	holderLog := &warnings{}
 	hopts := opts
 	hopts.Log = slog.New(holderLog)
@@ -293,17 +296,19 @@ func testIsolated(t *testing.T, members []*testenv.Etcd, all bool) {
 func leaderOf(t *testing.T, members []*testenv.Etcd) int {
 	t.Helper()
 	c := client(t, members[0])
-	for i, m := range members {
-		st, err := c.Status(locktest.Context(t), m.Endpoint)
-		if err != nil {
-			t.Fatal(err)
+	// During an election (after a member was isolated and healed, or on
+	// a busy machine) no member leads for a moment: ask until one does.
+	for wait := locktest.Context(t); ; time.Sleep(50 * time.Millisecond) {
+		for i, m := range members {
+			st, err := c.Status(wait, m.Endpoint)
+			if err == nil && st.Leader == st.Header.MemberId {
+				return i
+			}
 		}
-		if st.Leader == st.Header.MemberId {
-			return i
+		if wait.Err() != nil {
+			t.Fatal("no member says it leads")
 		}
 	}
-	t.Fatal("no member says it leads")
-	return -1
 }
 
 // lockKeys reads name's keys from c, linearizably, oldest first.

@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/withlock/withlock/internal/lock"
+	"github.com/withlock/withlock/internal/lock/etcd"
 	"github.com/withlock/withlock/internal/lock/locktest"
 	"github.com/withlock/withlock/internal/testenv"
 )
@@ -166,12 +169,15 @@ func waitKeys(t *testing.T, m *testenv.Etcd, name string, n int) {
 	t.Helper()
 	c := client(t, m)
 	for {
-		if ks := keys(t, c, name); len(ks) == n {
+		// A read that fails is tried again: on a busy machine the
+		// cluster may be electing a leader ("leader changed").
+		resp, err := c.Get(locktest.Context(t), etcd.Prefix(name), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err == nil && len(resp.Kvs) == n {
 			return
 		}
 		select {
 		case <-locktest.Context(t).Done():
-			t.Fatalf("%s never had %d keys", name, n)
+			t.Fatalf("%s never had %d keys (last read: %v)", name, n, err)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
