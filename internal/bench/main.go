@@ -48,6 +48,7 @@ var (
 	onlyHandoff  = flag.Bool("handoff", false, "measure only the hand-off table")
 	onlyContend  = flag.Bool("contention", false, "with -backends: measure only the contention table's rows of those backends")
 	onlyInit     = flag.Bool("init", false, "measure only package initialisation, by module")
+	onlySteps    = flag.Bool("steps", false, "measure only what a lock across steps (withlock acquire) costs beside the run form")
 	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
 	doc          = flag.String("doc", "", "write the run's tables and charts to this Markdown file (make bench: docs/performance.md)")
 )
@@ -129,6 +130,9 @@ func run() error {
 		return err
 	}
 	defer pg.Close()
+	if *onlySteps {
+		return stepsFigures(work, wl, pg)
+	}
 	// URLs as users write them: no sslmode (libpq's default, prefer), against
 	// a server without TLS and one with it.
 	pgTLS, err := testenv.StartPostgres()
@@ -265,6 +269,9 @@ func run() error {
 		if err := initByModule(wl); err != nil {
 			return err
 		}
+		if err := stepsTable(work, wl, dbs); err != nil {
+			return err
+		}
 	}
 
 	// Hand-off: the holder's command exits -> the waiter's command starts.
@@ -351,6 +358,54 @@ func run() error {
 	}
 	fmt.Printf("\n%s", goalsTable(measured))
 	return nil
+}
+
+// stepsTable measures what a lock across steps costs on each backend: a
+// step that takes NAME (withlock acquire, which leaves a keeper) and one
+// that releases it, beside the run form around true, which does both in
+// one process; and with --detach lease on the backends that have leases.
+func stepsTable(work, wl string, dbs []struct{ name, url string }) error {
+	var cs []contender
+	lease := map[string]bool{"redis": true, "mongodb": true, "etcd": true, "k8s": true}
+	for _, db := range dbs {
+		steps := func(flags string) []string {
+			return []string{"sh", "-c", fmt.Sprintf(`H=$(%s acquire --db '%s' steps%s --max-hold 1m) && %s release --db '%s' --handle "$H"`, wl, db.url, flags, wl, db.url)}
+		}
+		cs = append(cs,
+			contender{"run form " + db.name, []string{wl, "--db", db.url, "steps", "--", "true"}},
+			contender{"acquire + release " + db.name, steps("")})
+		if lease[db.name] {
+			cs = append(cs, contender{"acquire --detach lease + release " + db.name, steps(" --detach lease")})
+		}
+	}
+	stats, err := hyperfine(work, cs)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("## Across steps: `withlock acquire` then `release --handle`, two steps, beside the run form around `true` (%d runs after warm-up)\n\n", overheadRuns)
+	fmt.Println("| backend | run form | acquire + release (keeper) | ÷ run form | acquire + release (--detach lease) | ÷ run form |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|")
+	for _, db := range dbs {
+		run, keeper := stats["run form "+db.name], stats["acquire + release "+db.name]
+		leaseCells := "- | -"
+		if l, ok := stats["acquire --detach lease + release "+db.name]; ok {
+			leaseCells = fmt.Sprintf("%s | %.2f×", ms(l.median), l.median/run.median)
+			measured.set("steps lease", db.name, l.median)
+		}
+		fmt.Printf("| %s | %s | %s | %.2f× | %s |\n", db.name, ms(run.median), ms(keeper.median), keeper.median/run.median, leaseCells)
+		measured.set("steps keeper", db.name, keeper.median)
+	}
+	fmt.Println()
+	return nil
+}
+
+// stepsFigures is the steps table alone, on the file and PostgreSQL
+// backends (bench -steps).
+func stepsFigures(work, wl string, pg *testenv.Postgres) error {
+	return stepsTable(work, wl, []struct{ name, url string }{
+		{"file", "file://" + filepath.Join(work, "locks")},
+		{"postgres", strings.Replace(pg.URL, "?sslmode=disable", "", 1)},
+	})
 }
 
 // servers are the test servers of a run, for the waiting figure.
