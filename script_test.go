@@ -628,6 +628,7 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			"kubesa":     cmdKubesa,
 			"rediscmd":   cmdRediscmd,
 			"handlejson": cmdHandlejson,
+			"handlehost": cmdHandlehost,
 		},
 	}
 }
@@ -1441,4 +1442,22 @@ func cmdHandlejson(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Fatalf("%q is not a handle: %v", h, err)
 	}
 	ts.Check(os.WriteFile(ts.MkAbs(args[1]), b, 0o644))
+}
+
+// handlehost FILE OUT HOST writes to OUT the handle in FILE as if its
+// keeper ran on HOST: what a step on another host holds.
+func cmdHandlehost(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 3 {
+		ts.Fatalf("usage: handlehost FILE OUT HOST")
+	}
+	h := strings.TrimSpace(ts.ReadFile(args[0]))
+	prefix, data, _ := strings.Cut(h, ".")
+	b, err := base64.RawURLEncoding.DecodeString(data)
+	ts.Check(err)
+	var fields map[string]any
+	ts.Check(stdjson.Unmarshal(b, &fields))
+	fields["host"] = args[2]
+	b, err = stdjson.Marshal(fields)
+	ts.Check(err)
+	ts.Check(os.WriteFile(ts.MkAbs(args[1]), []byte(prefix+"."+base64.RawURLEncoding.EncodeToString(b)+"\n"), 0o600))
 }

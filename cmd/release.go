@@ -52,8 +52,10 @@ RELEASING A HANDLE
 
 release --handle H (or --handle-file F) ends the lock that withlock acquire
 took and printed H for: its keeper releases NAME and ends. It never
-releases a lock that is no longer the handle's, and needs no --force. Run
-it on the host that acquired the handle.
+releases a lock that is no longer the handle's, and needs no --force. On
+another host than the keeper's, or for acquire --detach lease, it releases
+the lease through the backend; a session lock (PostgreSQL, MySQL, file)
+only its keeper's host can release.
 
 ENVIRONMENT
 

@@ -47,8 +47,9 @@ The keeper lets go of the caller's stdin, stdout and stderr, in a session of
 its own, so that $(...) and CI runners do not wait for it. It releases NAME
 and ends on release --handle, when --max-hold has passed since acquisition
 (required: there is no "forever"), when the process --until-pid names ends,
-on SIGTERM, or when the lock is lost. It runs on this host: release the
-handle on the host that acquired it.
+on SIGTERM, or when the lock is lost. It runs on this host; release
+--handle on another host releases a lease through the backend, and a
+session lock (PostgreSQL, MySQL, file) not at all (exit 64).
 
 What the run form does and this cannot: no command is there to stop when the
 lock is lost. A step that must not run without the lock should check first
@@ -322,6 +323,9 @@ func keep(env *environment, f *acquireFlags, name string) error {
 	defer client.Close()
 	h := f.newHandle(dbURL, name, opts, held)
 	h.Start, _ = processStart(os.Getpid())
+	// On a lease backend, a step on another host can release the lease
+	// through the backend; the keeper then finds it lost, and ends.
+	h.Ticket, _ = client.Ticket(held)
 
 	end := func(why, detail string) {
 		writeRecord(h.ID, keeperRecord{Ended: time.Now(), Why: why, Detail: detail})
@@ -636,15 +640,18 @@ func openHandle(env *environment, cf *connFlags, hf *handleFlags, do func(contex
 // for it to end, within timeout. It fails (exit 70) if NAME was no longer
 // the handle's.
 func releaseHandle(ctx context.Context, client *lock.Client, h handle, timeout time.Duration) error {
-	if h.Lease {
+	if h.Lease || !h.local() {
+		// A lease, released through the backend from any host. A
+		// keeper's (on another host) finds it lost at its next renewal,
+		// and ends.
+		if h.Ticket == "" {
+			return usagef("the keeper of this handle runs on %s and holds a session lock, which only it can release: run release --handle there", h.Host)
+		}
 		_, l, err := client.Resume(ctx, h.Name, h.Ticket)
 		if err != nil {
 			return leaseOutcome(h, err)
 		}
 		return leaseOutcome(h, l.Release(ctx))
-	}
-	if !h.local() {
-		return usagef("the keeper of this handle runs on %s; release it there", h.Host)
 	}
 	if !h.keeperAlive() {
 		return notHeld(h, h.ended())

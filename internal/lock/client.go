@@ -85,6 +85,17 @@ func (c *Client) Detach(ctx context.Context, h *Held, until time.Time) (string, 
 	return d.Ticket(h.lease), nil
 }
 
+// Ticket is the ticket of h's lease, a lock this Client took and still
+// keeps, as Detach would give it: with it, another process can release
+// the lease through the backend (Resume). False for a session backend.
+func (c *Client) Ticket(h *Held) (string, bool) {
+	d, ok := c.Backend.(Detachable)
+	if !ok {
+		return "", false
+	}
+	return d.Ticket(h.lease), true
+}
+
 // Resume takes up again the lease of name that ticket (from Detach) names,
 // as Detachable.Resume says.
 func (c *Client) Resume(ctx context.Context, name, ticket string) (Expiring, Lease, error) {
