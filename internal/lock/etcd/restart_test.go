@@ -184,13 +184,15 @@ func waitKeys(t *testing.T, m *testenv.Etcd, name string, n int) {
 }
 
 // TestGracefulRestart: a single member, restarted gracefully (SIGTERM,
-// then started again on its data) while a holder with --ttl 9s holds and a
-// waiter, connected to the same member, waits. The member serves the
+// then started again on its data) while a holder with --ttl 15s holds and
+// a waiter, connected to the same member, waits. The member serves the
 // streams it has until it stops, and the holder's renewals are sent on
 // one: the holder keeps its lock, and the waiter gets it once it lets go.
+// (A stop and start take some 6s on a busy 2-core machine: the ttl leaves
+// the holder 10s to reach the member again.)
 func TestGracefulRestart(t *testing.T) {
 	eachSetUp(t, true, 5*time.Second, func(t *testing.T, e *testenv.Etcd, url string) {
-		opts := lock.Options{TTL: 9 * time.Second}
+		opts := lock.Options{TTL: 15 * time.Second}
 		name := locktest.Name(t)
 		holder, err := locktest.Open(t, url, opts).Acquire(locktest.Context(t), name)
 		if err != nil {

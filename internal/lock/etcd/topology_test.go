@@ -17,7 +17,9 @@ import (
 // a waiter that gets the lock once, and only once, the holder lets go.
 func handOff(t *testing.T, url string) {
 	t.Helper()
-	handOffWith(t, url, lock.Options{TTL: 3 * time.Second, Grace: time.Second})
+	// A ttl that leaves the holder 5s to renew: on a busy machine a
+	// request through a cluster's members can take seconds.
+	handOffWith(t, url, lock.Options{TTL: 6 * time.Second, Grace: time.Second})
 }
 
 // handOffWith is handOff with opts' ttl and grace.
