@@ -409,6 +409,9 @@ func etcdScript(o testenv.EtcdOptions) func(e *testscript.Env) (string, server, 
 		// release too) finds the script's server through its environment.
 		e.Setenv("ETCDCTL_API", "3")
 		e.Setenv("ETCDCTL_ENDPOINTS", s.Endpoint)
+		// etcdctl's own requests (a lock's lease grant) give up after 5s
+		// by default: too soon on a busy machine.
+		e.Setenv("ETCDCTL_COMMAND_TIMEOUT", "30s")
 		e.Setenv("ETCDHOSTPORT", s.Endpoint)
 		return s.URL, s, nil
 	}
