@@ -333,7 +333,11 @@ func watch(ctx context.Context, t *testing.T, url string, c *mongo.Collection, n
 	failures := 0
 	for {
 		var d doc
-		err := c.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&d)
+		// Each read has 10s: once, a read on a busy FerretDB never came
+		// back, and the watcher waited on it until its six minutes ran out.
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+		err := c.FindOne(rctx, bson.D{{Key: "_id", Value: id}}).Decode(&d)
+		rcancel()
 		switch {
 		case err == nil:
 			docs = append(docs, d)
@@ -349,7 +353,7 @@ func watch(ctx context.Context, t *testing.T, url string, c *mongo.Collection, n
 			if failures++; failures == 1 || failures%100 == 0 {
 				t.Logf("watcher, reading %s again (%d failures): %v", id, failures, err)
 			}
-			if failures%50 == 0 {
+			if failures%50 == 0 || errors.Is(err, context.DeadlineExceeded) {
 				// Once, on a busy machine, every read of one connection
 				// failed so for a minute while the clients' reads went
 				// through: read on a new connection.
@@ -367,7 +371,9 @@ func watch(ctx context.Context, t *testing.T, url string, c *mongo.Collection, n
 		case done.Load():
 			// Finished once nothing is newer than the last one read.
 			var last doc
-			err := c.FindOne(ctx, bson.D{{Key: "name", Value: name}}, options.FindOne().SetSort(bson.D{{Key: "seq", Value: -1}})).Decode(&last)
+			rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+			err := c.FindOne(rctx, bson.D{{Key: "name", Value: name}}, options.FindOne().SetSort(bson.D{{Key: "seq", Value: -1}})).Decode(&last)
+			rcancel()
 			if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
 				if ctx.Err() != nil {
 					t.Errorf("watcher: %v", err)
