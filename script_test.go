@@ -23,6 +23,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/jackc/pgx/v5"
 	"github.com/rogpeppe/go-internal/testscript"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -31,6 +34,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"golang.org/x/sys/unix"
 
+	"github.com/withlock/withlock/internal/lock"
 	"github.com/withlock/withlock/internal/lock/etcd"
 	"github.com/withlock/withlock/internal/lock/k8s"
 	"github.com/withlock/withlock/internal/lock/mongodb"
@@ -297,6 +301,23 @@ func TestScripts(t *testing.T) {
 			e.Setenv("CLOSED", "mongodb://u:hunter22@127.0.0.1:1/")
 			return m.URL, m, nil
 		}},
+		{"s3", func(t *testing.T) { testenv.RequireS3(t) }, func(e *testscript.Env) (string, server, error) {
+			// A versitygw of its own (a fraction of a second) and a bucket
+			// on it; the URL carries the keys, whose secret must never show.
+			s, err := testenv.StartS3()
+			if err != nil {
+				return "", nil, err
+			}
+			// A directory of its root is a bucket (testenv.S3.Bucket).
+			bucket := "script"
+			if err := os.Mkdir(filepath.Join(s.Root, bucket), 0o755); err != nil {
+				s.Close()
+				return "", nil, err
+			}
+			e.Setenv("CLOSED", "s3://ak:hunter22@b?endpoint=http://127.0.0.1:1&path_style=true")
+			e.Setenv("S3BUCKET", bucket)
+			return s.URL(bucket), s, nil
+		}},
 		{"redis", func(t *testing.T) { testenv.RequireRedis(t) }, func(e *testscript.Env) (string, server, error) {
 			// ~15ms: one per script. With a password, so that every script
 			// also checks that it never shows.
@@ -549,11 +570,11 @@ type scriptState struct {
 type stateKey struct{}
 
 // recordsN are the backends that record a semaphore's N (docs/modes.md).
-var recordsN = map[string]bool{"redis": true, "rediscluster": true, "redissentinel": true, "mongodb": true, "file": true, "postgres": true, "etcd": true, "k8s": true}
+var recordsN = map[string]bool{"s3": true, "redis": true, "rediscluster": true, "redissentinel": true, "mongodb": true, "file": true, "postgres": true, "etcd": true, "k8s": true}
 
 // leaseBackends hold an expiring lease; the others a lock that lives with
 // their connection or open file.
-var leaseBackends = map[string]bool{"redis": true, "rediscluster": true, "redissentinel": true, "mongodb": true, "etcd": true, "k8s": true}
+var leaseBackends = map[string]bool{"s3": true, "redis": true, "rediscluster": true, "redissentinel": true, "mongodb": true, "etcd": true, "k8s": true}
 
 func params(dir, backend string, setup func(*testscript.Env) error) testscript.Params {
 	return testscript.Params{
@@ -601,7 +622,7 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			case "shared":
 				// The backend has shared locks (MySQL's GET_LOCK and a
 				// Kubernetes Lease have none).
-				return backend != "mysql" && backend != "k8s", nil
+				return backend != "mysql" && backend != "k8s" && backend != "s3", nil
 			}
 			return false, fmt.Errorf("unknown condition %q", cond)
 		},
@@ -944,6 +965,15 @@ func serverTLS(ts *testscript.TestScript, st *scriptState, clientCerts bool) {
 		ts.Setenv("CLIENTKEY", filepath.Join(e.Dir, "server.key"))
 		ts.Setenv("NOCNCERT", filepath.Join(e.Dir, "client.crt"))
 		ts.Setenv("NOCNKEY", filepath.Join(e.Dir, "client.key"))
+	case *testenv.S3:
+		s, err := testenv.StartS3(testenv.S3Options{TLS: true})
+		ts.Check(err)
+		ts.Check(os.Mkdir(filepath.Join(s.Root, ts.Getenv("S3BUCKET")), 0o755))
+		next, ca, port = s, s.CertFile, s.Port
+		u := s.URL(ts.Getenv("S3BUCKET"))
+		ts.Setenv("TLSDB", u)
+		ts.Setenv("TLSDB_LOCALHOST", strings.Replace(u, "https://127.0.0.1:", "https://localhost:", 1))
+		ts.Setenv("PLAINDB", strings.Replace(u, "https://", "http://", 1))
 	case *testenv.MariaDB:
 		m, err := testenv.StartMariaDB(testenv.MariaDBOptions{TLS: true})
 		ts.Check(err)
@@ -1030,6 +1060,13 @@ func cmdBreaklease(ts *testscript.TestScript, neg bool, args []string) {
 		if resp.Deleted != 1 {
 			ts.Fatalf("breaklease: %d keys under %s, not the one lease", resp.Deleted, etcd.Prefix(args[0]))
 		}
+	case "s3":
+		s := ts.Value(stateKey{}).(*scriptState).server.(*testenv.S3)
+		c := s3.New(s3.Options{Region: s.Region, BaseEndpoint: aws.String(s.Endpoint), UsePathStyle: true,
+			Credentials: credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, "")})
+		bucket, key := ts.Getenv("S3BUCKET"), lock.EscapeName(args[0])
+		_, err := c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &bucket, Key: &key})
+		ts.Check(err)
 	case "k8s":
 		st := ts.Value(stateKey{}).(*scriptState)
 		kp := st.server.(*kubeProxy)

@@ -9,4 +9,5 @@ import (
 	_ "github.com/withlock/withlock/internal/lock/mysql"
 	_ "github.com/withlock/withlock/internal/lock/postgres"
 	_ "github.com/withlock/withlock/internal/lock/redis"
+	_ "github.com/withlock/withlock/internal/lock/s3"
 )

@@ -67,11 +67,16 @@ There is no default. A password in the URL never appears in any output.
 - k8s://[NAMESPACE][?context=NAME], kubernetes://...: a
   coordination.k8s.io/v1 Lease, with the pod's service account or the
   kubeconfig. No --shared.
+- s3://[KEY:SECRET@]BUCKET[/PREFIX]: an object written only by
+  conditional PUTs, judged by the store's clock, with the AWS credential
+  chain or the keys given. Parameters: endpoint (an S3-compatible store),
+  region, path_style=true, profile, cacert, cert, key. No --shared; run
+  withlock check on a store first.
 - file:///DIR: flock(2) on DIR/NAME.lock, the lock flock(1) takes; one host.
 
 KEEPING THE LOCK
 
-Every ttl/3 withlock renews its lease (Redis, MongoDB, etcd, Kubernetes) or
+Every ttl/3 withlock renews its lease (Redis, MongoDB, etcd, Kubernetes, S3) or
 checks its session (PostgreSQL, MySQL, file). When the lock is known lost,
 withlock says so, sends TERM to COMMAND's process group, KILL after
 --kill-after, and exits 70; with --on-lost ignore it only warns. When the
@@ -93,13 +98,16 @@ ENVIRONMENT
 - SSL_CERT_FILE, SSL_CERT_DIR: CA certificates to trust instead of the
   system's, for every backend.
 - KUBECONFIG: the kubeconfig files for k8s://, colon-separated.
-- HTTPS_PROXY, NO_PROXY: the proxy for k8s://.
+- HTTPS_PROXY, NO_PROXY: the proxy for k8s:// and s3://.
+- AWS_REGION, AWS_PROFILE, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+  AWS_ENDPOINT_URL_S3 and the rest of the AWS SDK's settings: for s3://
+  when the URL does not say.
 
 COMMAND's environment is withlock's plus:
 
 - WITHLOCK_NAME: NAME.
 - WITHLOCK_TOKEN: a fencing token, an integer that grows with every
-  acquisition of NAME (Redis, MongoDB, etcd, Kubernetes).
+  acquisition of NAME (Redis, MongoDB, etcd, Kubernetes, S3).
 
 SIGNALS
 
@@ -135,7 +143,8 @@ FILES
 - ~/.kube/config: the kubeconfig for k8s:// without $KUBECONFIG.
 - /var/run/secrets/kubernetes.io/serviceaccount: the pod's service account
   for k8s://.
-- ~/.pgpass: PostgreSQL passwords, as libpq reads them.`
+- ~/.pgpass: PostgreSQL passwords, as libpq reads them.
+- ~/.aws/config, ~/.aws/credentials: AWS profiles, for s3://.`
 
 // runFlags are the flags of the run form (and of the bare form).
 type runFlags struct {

@@ -60,7 +60,7 @@ guarantee.
 
 --detach lease leaves no process at all, for steps that run on other
 machines or containers (separate CI jobs): on a lease backend (Redis,
-MongoDB, etcd, Kubernetes) the lease itself lasts --ttl from acquisition,
+MongoDB, etcd, Kubernetes, S3) the lease itself lasts --ttl from acquisition,
 each renew --handle makes it last --ttl from then, and release --handle
 ends it, from any host. A lease not renewed runs out by itself.
 
@@ -188,7 +188,7 @@ func startKeeper(c *cobra.Command, env *environment, f *acquireFlags, name strin
 	client.Close()
 	if f.detach == "lease" {
 		if !detachable {
-			return 0, usagef("--detach lease needs a backend that holds a lease (redis, mongodb, etcd, k8s); %s holds its lock in a session, which cannot outlive the process that took it: use the keeper (the default)", backendName(dbURL))
+			return 0, usagef("--detach lease needs a backend that holds a lease (redis, mongodb, etcd, k8s, s3); %s holds its lock in a session, which cannot outlive the process that took it: use the keeper (the default)", backendName(dbURL))
 		}
 		return 0, acquireLease(env, f, dbURL, name)
 	}

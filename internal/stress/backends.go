@@ -2,6 +2,7 @@ package stress
 
 import (
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -134,6 +135,17 @@ var Backends = []Backend{
 				t.Fatal(err)
 			}
 			return []string{"KUBECONFIG=" + kc, "KUBERNETES_SERVICE_HOST="}
+		}
+	}},
+	// A bucket of its own on a versitygw of its own. withlock finds the
+	// store (the fault proxy's address) through AWS_ENDPOINT_URL_S3, as
+	// the AWS SDKs do, so the URL says only the bucket and the keys.
+	{Name: "s3", Network: true, Tokens: true, Via: func(t testing.TB) (string, string, func(string) []string) {
+		s := testenv.RequireS3(t)
+		bucket := s.Bucket(t)
+		u := fmt.Sprintf("s3://%s@%s?region=%s&path_style=true", url.UserPassword(s.AccessKey, s.SecretKey), bucket, s.Region)
+		return u, strings.TrimPrefix(s.Endpoint, "http://"), func(addr string) []string {
+			return []string{"AWS_ENDPOINT_URL_S3=http://" + addr}
 		}
 	}},
 	// Local: no network to break, so no faults; it checks the harness and

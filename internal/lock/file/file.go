@@ -1,9 +1,6 @@
 package file
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -16,31 +13,10 @@ func init() {
 	lock.Register("file", open)
 }
 
-// maxEscaped is the longest escaped name used as a file name; longer ones
-// are hashed, which keeps the file name under NAME_MAX (255) with room for
-// ".lock" and a slot's or the mark's suffix.
-const maxEscaped = 200
-
-// FileName returns the lock file's name for a lock name: every byte outside
-// [A-Za-z0-9._-], and a leading dot, becomes %XX, so no name can leave the
-// directory, collide with another or hide from ls, and an escaped form
-// longer than 200 bytes becomes sha256-<hex>. The result ends in ".lock".
-func FileName(name string) string {
-	var b strings.Builder
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' && i > 0 || c == '_' || c == '-' {
-			b.WriteByte(c)
-		} else {
-			fmt.Fprintf(&b, "%%%02X", c)
-		}
-	}
-	if b.Len() > maxEscaped {
-		sum := sha256.Sum256([]byte(name))
-		return "sha256-" + hex.EncodeToString(sum[:]) + ".lock"
-	}
-	return b.String() + ".lock"
-}
+// FileName returns the lock file's name for a lock name: its escaped form
+// (lock.EscapeName: no name can leave the directory, collide with another
+// or hide from ls) and ".lock".
+func FileName(name string) string { return lock.EscapeName(name) + ".lock" }
 
 // SlotName is the name of semaphore slot k of the lock file f (a
 // FileName).
