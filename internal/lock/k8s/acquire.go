@@ -3,7 +3,6 @@ package k8s
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -40,47 +39,10 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 		slots[l.Metadata.Name] = l
 		floor = max(floor, l.Spec.LeaseTransitions)
 	}
-	var soonest time.Duration = -1
-	for i := range b.want() {
-		l, err := b.try(ctx, name, i, slots[SlotName(name, i)], floor)
-		if err == nil {
-			return l, nil
-		}
-		if !errors.Is(err, errNextSlot) {
-			return nil, err
-		}
-		if left, ok := lock.Remaining(err); ok && (soonest < 0 || left < soonest) {
-			soonest = left
-		}
-	}
-	if soonest >= 0 {
-		return nil, lock.HeldFor(soonest)
-	}
-	return nil, lock.ErrHeld
+	return lock.FirstFreeSlot(b.want(), func(i int) (lock.Lease, error) {
+		return b.try(ctx, name, i, slots[SlotName(name, i)], floor)
+	})
 }
-
-// errNextSlot marks an ErrHeld of one slot after which the next slot is
-// worth trying.
-var errNextSlot = errors.New("k8s: slot held")
-
-type slotHeld struct{ left time.Duration } // left < 0: unknown
-
-func (e slotHeld) Error() string { return lock.ErrHeld.Error() }
-func (e slotHeld) Unwrap() []error {
-	return []error{lock.ErrHeld, errNextSlot}
-}
-
-// heldNext is slotHeld as an error whose Remaining says left, when known.
-func heldNext(left time.Duration) error {
-	if left < 0 {
-		return slotHeld{left}
-	}
-	return slotHeldFor{slotHeld{left}}
-}
-
-type slotHeldFor struct{ slotHeld }
-
-func (e slotHeldFor) Remaining() time.Duration { return e.left }
 
 // try takes slot i of name, if it is free or has run out. cur is the slot's
 // Lease as just read, nil if there is none. The acquisition's count (the
@@ -103,7 +65,7 @@ func (b *backend) try(ctx context.Context, name string, slot int, cur *LeaseObje
 				// Held in another mode: no slot of ours is free.
 				return nil, lock.HeldFor(retry)
 			}
-			return nil, heldNext(retry)
+			return nil, lock.SlotHeld(retry)
 		}
 		b.opts.Log.Debug("the Lease was not renewed for its duration; taking it over", "lease", ln, "holder", h, "duration", durationOf(cur, b.ttl()))
 	}
@@ -117,7 +79,7 @@ func (b *backend) try(ctx context.Context, name string, slot int, cur *LeaseObje
 	switch {
 	case isCode(err, http.StatusConflict), isCode(err, http.StatusNotFound):
 		// Someone else wrote first (or deleted it): they won.
-		return nil, heldNext(-1)
+		return nil, lock.SlotHeld(-1)
 	case err != nil:
 		return nil, b.classify(err, "update")
 	}
@@ -174,7 +136,7 @@ func (b *backend) create(ctx context.Context, name, ln string, transitions int32
 	out, err := b.c.create(ctx, b.cfg.namespace, l)
 	switch {
 	case isCode(err, http.StatusConflict):
-		return nil, heldNext(-1) // created by someone else meanwhile
+		return nil, lock.SlotHeld(-1) // created by someone else meanwhile
 	case err != nil:
 		return nil, b.classify(err, "create")
 	}

@@ -2,7 +2,6 @@ package s3
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -32,23 +31,9 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 	for _, o := range slots {
 		floor = max(floor, o.rec.Acquisitions)
 	}
-	var soonest time.Duration = -1
-	for i, o := range slots {
-		l, err := b.try(ctx, name, i, o, floor)
-		if err == nil {
-			return l, nil
-		}
-		if !errors.Is(err, errNextSlot) {
-			return nil, err
-		}
-		if left, ok := lock.Remaining(err); ok && (soonest < 0 || left < soonest) {
-			soonest = left
-		}
-	}
-	if soonest >= 0 {
-		return nil, lock.HeldFor(soonest)
-	}
-	return nil, lock.ErrHeld
+	return lock.FirstFreeSlot(len(slots), func(i int) (lock.Lease, error) {
+		return b.try(ctx, name, i, slots[i], floor)
+	})
 }
 
 // read gets the first n objects of name's lock, at once.
@@ -66,40 +51,12 @@ func (b *backend) read(ctx context.Context, name string, n int) ([]*object, erro
 		wg.Go(func() { objs[i], errs[i] = b.get(ctx, b.keyOf(name, i)) })
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		for _, e := range errs {
-			if e != nil {
-				return nil, e // the first, as the wait loop sorts one error
-			}
+	for _, err := range errs {
+		if err != nil {
+			return nil, err // the first: the wait loop sorts one error
 		}
 	}
 	return objs, nil
-}
-
-// errNextSlot marks an ErrHeld of one slot after which the next slot is
-// worth trying.
-var errNextSlot = errors.New("s3: slot held")
-
-type slotHeld struct{}
-
-func (slotHeld) Error() string { return lock.ErrHeld.Error() }
-func (slotHeld) Unwrap() []error {
-	return []error{lock.ErrHeld, errNextSlot}
-}
-
-type slotHeldFor struct{ left time.Duration }
-
-func (e slotHeldFor) Error() string            { return lock.ErrHeld.Error() }
-func (e slotHeldFor) Unwrap() []error          { return []error{lock.ErrHeld, errNextSlot} }
-func (e slotHeldFor) Remaining() time.Duration { return e.left }
-
-// heldNext is an ErrHeld of one slot whose Remaining says left, when known
-// (left >= 0).
-func heldNext(left time.Duration) error {
-	if left < 0 {
-		return slotHeld{}
-	}
-	return slotHeldFor{left}
 }
 
 // recheck is how often a waiter looks at an object in the second in which
@@ -124,7 +81,7 @@ func (b *backend) try(ctx context.Context, name string, slot int, o *object, flo
 				case n != want:
 					return nil, lock.HeldFor(retry) // held in another mode: no slot of ours is free
 				}
-				return nil, heldNext(retry)
+				return nil, lock.SlotHeld(retry)
 			}
 			b.opts.Log.Debug("the lock object was not renewed within its ttl; taking it over", "key", o.key, "holder", o.rec.Host, "pid", o.rec.PID)
 		}
@@ -153,7 +110,7 @@ func (b *backend) try(ctx context.Context, name string, slot int, o *object, flo
 	etag, err := b.put(ctx, o.key, rec, cond)
 	switch {
 	case failed(err):
-		return nil, heldNext(-1) // someone else wrote first
+		return nil, lock.SlotHeld(-1) // someone else wrote first
 	case err != nil:
 		return nil, b.classify(err, "s3:PutObject")
 	}

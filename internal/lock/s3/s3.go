@@ -186,8 +186,8 @@ func (b *backend) connect(ctx context.Context) (*s3.Client, error) {
 	return b.client, nil
 }
 
-// Close drops idle connections. A lock held through the backend stays
-// held until its lease runs out.
+// Close has nothing to do: the SDK's connections close with the process.
+// A lock held through the backend stays held until its lease runs out.
 func (b *backend) Close() error { return nil }
 
 // keyOf is the key of slot i of name's lock: slot 0 is NAME's object.
