@@ -47,7 +47,7 @@ func (r results) worst(table string, rows []string) (float64, string) {
 }
 
 // backends are every backend the bench measures.
-var backends = []string{"file", "postgres", "redis", "mongodb", "etcd", "mysql", "k8s"}
+var backends = []string{"file", "postgres", "redis", "mongodb", "etcd", "mysql", "k8s", "s3"}
 
 // A goal is one line of the product's performance contract, judged by a
 // figure of the run: at most limit (at least, with atLeast). measure

@@ -44,11 +44,11 @@ const (
 
 var (
 	onlyWaiting  = flag.Bool("waiting", false, "measure only what waiters cost the server")
-	waitBackends = flag.String("backends", strings.Join(backends, ","), "with -waiting, -handoff or -contention: the backends measured, comma-separated, among them "+redisSetupNames()+" (-handoff or -contention without it: every row)")
+	waitBackends = flag.String("backends", strings.Join(backends, ","), "with -waiting, -handoff, -contention or -steps: the backends measured, comma-separated, among them "+redisSetupNames()+" (-handoff or -contention without it: every row; -steps without it: file and postgres)")
 	onlyHandoff  = flag.Bool("handoff", false, "measure only the hand-off table")
 	onlyContend  = flag.Bool("contention", false, "with -backends: measure only the contention table's rows of those backends")
 	onlyInit     = flag.Bool("init", false, "measure only package initialisation, by module")
-	onlySteps    = flag.Bool("steps", false, "measure only what a lock across steps (withlock acquire) costs beside the run form")
+	onlySteps    = flag.Bool("steps", false, "measure only what a lock across steps (withlock acquire) costs beside the run form (with -backends: on those backends)")
 	binary       = flag.String("withlock", "", "the withlock binary to measure (default: build this checkout), to compare two versions")
 	doc          = flag.String("doc", "", "write the run's tables and charts to this Markdown file (make bench: docs/performance.md)")
 )
@@ -117,6 +117,9 @@ func run() error {
 	}
 	if *onlyHandoff && flagGiven("backends") {
 		return handoffFigures(work, wl, strings.Split(*waitBackends, ","))
+	}
+	if *onlySteps && flagGiven("backends") {
+		return stepsOn(work, wl, strings.Split(*waitBackends, ","))
 	}
 	if *onlyContend {
 		if !flagGiven("backends") {
@@ -198,6 +201,11 @@ func run() error {
 		return err
 	}
 	defer kube.Close()
+	s3, s3URL, err := startS3()
+	if err != nil {
+		return err
+	}
+	defer s3.Close()
 	npmDir, err := testenv.NPMDir()
 	if err != nil {
 		return err
@@ -215,6 +223,7 @@ func run() error {
 		{"etcd", et.URL},
 		{"mysql", md.URL},
 		{"k8s", kubeURL},
+		{"s3", s3URL},
 	}
 	flockFile := filepath.Join(work, "flock.lock")
 
@@ -353,7 +362,7 @@ func run() error {
 		fmt.Printf("| %s | %.1f MB | %s |\n", db.name, float64(rss)/1024, sem)
 		measured.set("rss", db.name, float64(rss)/1024)
 	}
-	if err := waitingOn(work, wl, dbs, servers{pg: pg, rd: rd, mg: mg, et: et, md: md, kube: kube}); err != nil {
+	if err := waitingOn(work, wl, dbs, servers{pg: pg, rd: rd, mg: mg, et: et, md: md, kube: kube, s3: s3}); err != nil {
 		return err
 	}
 	fmt.Printf("\n%s", goalsTable(measured))
@@ -366,7 +375,7 @@ func run() error {
 // one process; and with --detach lease on the backends that have leases.
 func stepsTable(work, wl string, dbs []struct{ name, url string }) error {
 	var cs []contender
-	lease := map[string]bool{"redis": true, "mongodb": true, "etcd": true, "k8s": true}
+	lease := map[string]bool{"redis": true, "mongodb": true, "etcd": true, "k8s": true, "s3": true}
 	for _, db := range dbs {
 		steps := func(flags string) []string {
 			return []string{"sh", "-c", fmt.Sprintf(`H=$(%s acquire --db '%s' steps%s --max-hold 1m) && %s release --db '%s' --handle "$H"`, wl, db.url, flags, wl, db.url)}
@@ -400,12 +409,23 @@ func stepsTable(work, wl string, dbs []struct{ name, url string }) error {
 }
 
 // stepsFigures is the steps table alone, on the file and PostgreSQL
-// backends (bench -steps).
+// backends (bench -steps without -backends).
 func stepsFigures(work, wl string, pg *testenv.Postgres) error {
 	return stepsTable(work, wl, []struct{ name, url string }{
 		{"file", "file://" + filepath.Join(work, "locks")},
 		{"postgres", strings.Replace(pg.URL, "?sslmode=disable", "", 1)},
 	})
+}
+
+// stepsOn starts the servers of the backends named, and measures the
+// steps table on them alone (bench -steps -backends).
+func stepsOn(work, wl string, names []string) error {
+	_, dbs, stop, err := startServers(work, names)
+	defer stop()
+	if err != nil {
+		return err
+	}
+	return stepsTable(work, wl, dbs)
 }
 
 // servers are the test servers of a run, for the waiting figure.
@@ -416,6 +436,25 @@ type servers struct {
 	et   *testenv.Etcd
 	md   *testenv.MariaDB
 	kube *testenv.Kube
+	s3   *testenv.S3
+}
+
+// s3Bucket is the bucket of the bench's S3 server that its s3:// URL names.
+const s3Bucket = "withlock-bench"
+
+// startS3 starts an S3 server with an empty bucket s3Bucket, made as the
+// tests make theirs (a directory of its Root), and returns the s3:// URL of
+// the bucket, with the server's keys.
+func startS3() (*testenv.S3, string, error) {
+	s, err := testenv.StartS3()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := os.Mkdir(filepath.Join(s.Root, s3Bucket), 0o755); err != nil {
+		s.Close()
+		return nil, "", err
+	}
+	return s, s.URL(s3Bucket), nil
 }
 
 // startKube starts a kube-apiserver with a namespace "bench" where the
@@ -624,6 +663,10 @@ func startServers(work string, names []string) (s servers, dbs []struct{ name, u
 			if s.kube, url, err = startKube(work); err == nil {
 				closers = append(closers, s.kube.Close)
 			}
+		case "s3":
+			if s.s3, url, err = startS3(); err == nil {
+				closers = append(closers, s.s3.Close)
+			}
 		default:
 			i := slices.IndexFunc(redisSetups, func(r redisSetup) bool { return r.name == n })
 			if i < 0 {
@@ -676,6 +719,9 @@ func waitingOn(work, wl string, dbs []struct{ name, url string }, s servers) err
 		case "k8s":
 			t.pid, t.counter = s.kube.PID(), "requests (/metrics apiserver_request_total)"
 			t.ops, err = kubeOps(s.kube)
+		case "s3":
+			t.pid, t.counter = s.s3.PID(), "requests (counted by a proxy in front of versitygw)"
+			t.url, t.ops, closeOps, err = s3Ops(s.s3, db.url)
 		case "file": // no server
 		default:
 			return fmt.Errorf("-waiting: %s: not measured; name among %s", db.name, strings.Join(backends, ", "))

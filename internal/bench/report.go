@@ -177,7 +177,7 @@ func machine() string {
 // run's rows give them ("withlock postgres").
 var backendNames = []struct{ row, name string }{
 	{"file", "file://"}, {"postgres", "PostgreSQL"}, {"mysql", "MySQL"}, {"redis", "Redis"},
-	{"mongodb", "MongoDB"}, {"etcd", "etcd"}, {"k8s", "Kubernetes"},
+	{"mongodb", "MongoDB"}, {"etcd", "etcd"}, {"k8s", "Kubernetes"}, {"s3", "S3"},
 }
 
 // costs is the page's opening for a user: what withlock costs, per

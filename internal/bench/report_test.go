@@ -29,6 +29,7 @@ func TestWriteDoc(t *testing.T) {
 	r.set("wall", "true", 0.002)
 	r.set("wall", "withlock postgres", 0.0105)
 	r.set("handoff", "withlock postgres", 3.4)
+	r.set("handoff", "withlock s3", 25.9)
 	r.set("rss", "postgres", 18.2)
 	r.set("rss", "file", 12.9)
 	if err := writeDoc(doc, output, f, r, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), "0123456789ab"); err != nil {
@@ -45,7 +46,7 @@ func TestWriteDoc(t *testing.T) {
 		"## What it costs\n",
 		"median wall time beyond the command's own",
 		": 8 ms (PostgreSQL),",
-		"the next waiter's starting: 3 ms (PostgreSQL), median.",
+		"the next waiter's starting: 3 ms (PostgreSQL), 26 ms (S3), median.",
 		"peak RSS is 13 to 18 MB",
 		"](performance-handoff.svg)",
 		"](performance-contention.svg)",

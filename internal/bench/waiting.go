@@ -6,12 +6,16 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -401,4 +405,48 @@ func sumMetric(body []byte, metric, server string) (int64, error) {
 		return 0, fmt.Errorf("%s /metrics has no %s", server, metric)
 	}
 	return int64(n), nil
+}
+
+// s3Ops counts the requests an S3 server answers. versitygw keeps no count
+// that can be asked for (its metrics go only to StatsD servers, and the
+// test server is given none): a proxy on 127.0.0.1, in front of it, counts
+// each request and passes it on unchanged, its Host header too, so that
+// its signature still holds, over connections it keeps open as the
+// clients keep theirs. proxied is dbURL with the proxy as its endpoint:
+// the holder and the waiters go through it. The server's CPU is still its
+// process's alone; stop closes the proxy.
+func s3Ops(s *testenv.S3, dbURL string) (proxied string, ops func() (int64, error), stop func(), err error) {
+	target, err := url.Parse(s.Endpoint)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, nil, err
+	}
+	var n atomic.Int64
+	transport := &http.Transport{MaxIdleConnsPerHost: 4 * waiters}
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.Out.URL.Scheme, r.Out.URL.Host = target.Scheme, target.Host
+		},
+		Transport: transport,
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		proxy.ServeHTTP(w, r)
+	})}
+	go srv.Serve(l)
+	q := u.Query()
+	q.Set("endpoint", "http://"+l.Addr().String())
+	u.RawQuery = q.Encode()
+	stop = func() {
+		srv.Close()
+		transport.CloseIdleConnections()
+	}
+	return u.String(), func() (int64, error) { return n.Load(), nil }, stop, nil
 }
