@@ -434,12 +434,15 @@ func TestReleaseLetsKeepFinish(t *testing.T) {
 func TestHoldAtLeastKeepsChecking(t *testing.T) {
 	t.Parallel()
 	l := &fakeLease{kept: make(chan time.Time, 100)}
-	h := hold(t, l, lock.Options{TTL: 300 * time.Millisecond, Grace: 100 * time.Millisecond, HoldAtLeast: 700 * time.Millisecond})
+	// A ttl of seconds: with one of 300ms, a machine busy enough not to
+	// run the keep loop for 200ms made it give the lock up as a stopped
+	// process would, without a release.
+	h := hold(t, l, lock.Options{TTL: 3 * time.Second, Grace: time.Second, HoldAtLeast: 2500 * time.Millisecond})
 	if err := h.Release(testCtx(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	// Seven Keep intervals; a loaded machine may run fewer Keeps, but never
-	// none (before, the keep loop stopped when the hold began).
+	// Two and a half Keep intervals; a loaded machine may run fewer Keeps,
+	// but never none (before, the keep loop stopped when the hold began).
 	if n := l.keeps.Load(); n < 1 {
 		t.Errorf("%d Keeps during a hold of 7 Keep intervals; want the lock checked while held", n)
 	}
