@@ -183,7 +183,8 @@ type Watcher interface {
 // left to end by itself, which is how --hold-at-least outlives the process.
 type Expiring interface {
 	// Token is the fencing token: an integer that grows with every
-	// acquisition of the same name.
+	// acquisition of the same name. It is read from any goroutine, while
+	// Keep runs too (Held.Token).
 	Token() int64
 	// ReleaseAt lets the lock end at until instead of now. Held calls it
 	// only when until is at least a millisecond away (Release otherwise).

@@ -90,7 +90,7 @@ func (b *backend) try(ctx context.Context, name string, slot int, cur *LeaseObje
 // took is the lease of the Lease out, just written by a create or an
 // update sent at sent.
 func (b *backend) took(name string, out *LeaseObject, sent time.Time) *lease {
-	l := &lease{b: b, name: name, ns: b.cfg.namespace, obj: out, sent: sent}
+	l := &lease{b: b, name: name, ns: b.cfg.namespace, obj: out, sent: sent, token: tokenOf(out)}
 	l.granted, l.grantedKnown = renewedAt(out)
 	return l
 }

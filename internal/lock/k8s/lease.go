@@ -28,10 +28,13 @@ type lease struct {
 	sent         time.Time
 	granted      time.Time
 	grantedKnown bool
+	// token is tokenOf(obj) at acquisition, which no renewal changes,
+	// kept apart: Token is read while Keep replaces obj.
+	token int64
 }
 
-// Token is the fencing token of the acquisition that wrote l.obj.
-func (l *lease) Token() int64 { return tokenOf(l.obj) }
+// Token is the fencing token of the acquisition.
+func (l *lease) Token() int64 { return l.token }
 
 // tokenOf is the fencing token of l's holder: leaseTransitions, which every
 // acquisition raises by one, for an exclusive lock. A semaphore's holders
@@ -190,5 +193,5 @@ func (b *backend) Resume(ctx context.Context, name, ticket string) (lock.Lease, 
 		return nil, lock.Errorf(lock.ErrNotOurs, "k8s: the Lease %s/%s is no longer held by %s", b.cfg.namespace, leaseName, identity)
 	}
 	b.identity = identity
-	return &lease{b: b, name: name, ns: b.cfg.namespace, obj: obj, sent: time.Now()}, nil
+	return &lease{b: b, name: name, ns: b.cfg.namespace, obj: obj, sent: time.Now(), token: tokenOf(obj)}, nil
 }

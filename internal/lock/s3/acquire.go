@@ -115,7 +115,7 @@ func (b *backend) try(ctx context.Context, name string, slot int, o *object, flo
 		return nil, b.classify(err, "s3:PutObject")
 	}
 	delete(b.seen, o.key)
-	return &lease{b: b, name: name, key: o.key, rec: rec, etag: etag, sent: sent}, nil
+	return &lease{b: b, name: name, key: o.key, rec: rec, etag: etag, sent: sent, token: rec.Token}, nil
 }
 
 // left is how long until o's holder (read at now) runs out (zero or less:

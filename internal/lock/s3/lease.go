@@ -22,10 +22,13 @@ type lease struct {
 	rec  record
 	etag string
 	sent time.Time // when the write that took the object was sent
+	// token is rec.Token, which no write of the acquisition changes, kept
+	// apart: Token is read while Keep writes rec.
+	token int64
 }
 
 // Token is the fencing token of the acquisition.
-func (l *lease) Token() int64 { return l.rec.Token }
+func (l *lease) Token() int64 { return l.token }
 
 // Keep renews the lease: the record written again with one more renewal,
 // conditional on the ETag of our last write.
@@ -121,5 +124,5 @@ func (b *backend) Resume(ctx context.Context, name, ticket string) (lock.Lease, 
 	if _, left, ok := o.expiry(); ok && left <= 0 {
 		return nil, lock.Errorf(lock.ErrNotOurs, "s3: the lease on %s ran out", key)
 	}
-	return &lease{b: b, name: name, key: key, rec: o.rec, etag: o.etag, sent: time.Now()}, nil
+	return &lease{b: b, name: name, key: key, rec: o.rec, etag: o.etag, sent: time.Now(), token: o.rec.Token}, nil
 }
