@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	osexec "os/exec"
@@ -24,6 +26,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/jackc/pgx/v5"
@@ -639,6 +642,7 @@ func params(dir, backend string, setup func(*testscript.Env) error) testscript.P
 			"sleep":      cmdSleep,
 			"silent":     cmdSilent,
 			"breaklease": cmdBreaklease,
+			"s3ignoring": cmdS3ignoring,
 			"waiters":    cmdWaiters,
 			"replica":    cmdReplica,
 			"nooverlap":  cmdNooverlap,
@@ -1074,6 +1078,38 @@ func cmdBreaklease(ts *testscript.TestScript, neg bool, args []string) {
 	default:
 		ts.Fatalf("breaklease: not for backend %s", ts.Getenv("BACKEND"))
 	}
+}
+
+// s3ignoring sets $IGNORING to the URL of $DB's bucket through a proxy that
+// drops If-None-Match and If-Match from every request and signs it again
+// with the server's keys: a store that ignores the conditions, as many
+// S3-compatible stores do (s3 scripts only).
+func cmdS3ignoring(ts *testscript.TestScript, neg bool, args []string) {
+	s, ok := ts.Value(stateKey{}).(*scriptState).server.(*testenv.S3)
+	if neg || len(args) != 0 || !ok {
+		ts.Fatalf("usage: s3ignoring (s3 scripts only)")
+	}
+	target, err := url.Parse(s.Endpoint)
+	ts.Check(err)
+	signer := v4.NewSigner()
+	creds := aws.Credentials{AccessKeyID: s.AccessKey, SecretAccessKey: s.SecretKey}
+	p := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		out := r.Out
+		out.Host = target.Host
+		out.Header.Del("If-None-Match")
+		out.Header.Del("If-Match")
+		out.Header.Del("Authorization")
+		signer.SignHTTP(out.Context(), creds, out, out.Header.Get("X-Amz-Content-Sha256"), "s3", s.Region, time.Now())
+	}}
+	srv := httptest.NewServer(p)
+	ts.Defer(srv.Close)
+	u, err := url.Parse(ts.Getenv("DB"))
+	ts.Check(err)
+	q := u.Query()
+	q.Set("endpoint", srv.URL)
+	u.RawQuery = q.Encode()
+	ts.Setenv("IGNORING", u.String())
 }
 
 // countlines N FILE asserts that FILE has exactly N lines.

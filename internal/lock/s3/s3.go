@@ -330,9 +330,21 @@ func (b *backend) classify(err error, action string) error {
 	case isCredentials(err):
 		return lock.Errorf(lock.ErrRefused, "%s: no AWS credentials found (%v); give them in the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), a web identity, or the URL (s3://ACCESS_KEY:SECRET@BUCKET)", b.where, err)
 	case lock.TLSRefusal(err):
-		return lock.Errorf(lock.ErrRefused, "%s: %v", b.where, err)
+		return lock.Errorf(lock.ErrRefused, "%s: %s", b.where, tlsReason(err))
 	}
 	return lock.Unreachable(b.where, lock.Reason(err))
+}
+
+// tlsReason is the TLS error in err without the SDK's wrapping of it
+// ("operation error S3: GetObject, https response error ..."): the first
+// error in its chain that is TLS's or x509's own.
+func tlsReason(err error) string {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if m := e.Error(); strings.HasPrefix(m, "tls: ") || strings.HasPrefix(m, "x509: ") || strings.HasPrefix(m, "remote error: ") {
+			return m
+		}
+	}
+	return err.Error()
 }
 
 func (b *backend) prefixOrBucket() string {
