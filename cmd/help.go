@@ -56,7 +56,7 @@ var runFlagDetail = map[string]string{
 	"kill-after":         "When the lock is lost, COMMAND's process group gets TERM, then KILL this long after. The default is 5s, or ttl/3 when that is shorter; it must be shorter than --ttl.",
 	"on-lost":            "stop sends TERM, then KILL after --kill-after, and exits 70; ignore only warns, and lets COMMAND finish without the lock.",
 	"hold-at-least":      "NAME stays held until this long after it was acquired, even when COMMAND ends sooner: a cron slot run once however quickly the job ends.",
-	"shared":             "Any number of shared holders at once; an exclusive holder waits for them all, and new shared holders wait for it. Not on MySQL or Kubernetes.",
+	"shared":             "Any number of shared holders at once; an exclusive holder waits for them all, and new shared holders wait for it. Not on MySQL, Kubernetes or S3.",
 	"max-holders":        "NAME becomes a semaphore: at most N holders at once. Every holder of NAME must give the same N.",
 	"no-wait":            "One attempt: if NAME is held, withlock names its holder and exits 75 (see --conflict-exit-code).",
 	"timeout":            "Give up after waiting this long, naming the holder, and exit 75. 0 makes one attempt, as --no-wait and flock -w 0. Without it, withlock waits as long as it takes.",

@@ -42,6 +42,8 @@ HOW EACH BACKEND BREAKS A LOCK
   Holders notice at their next renewal.
 - etcd: revokes the holders' leases, which deletes their keys.
 - Kubernetes: clears the holder of NAME's Leases, keeping leaseTransitions.
+- S3: writes a free record over NAME's objects, keeping the count of
+  acquisitions. Holders notice at their next renewal.
 - file: signals the holding withlock on this host (signal 42), after
   checking it is that withlock. A holder that is not a withlock (flock(1)),
   or on another host, is left alone: exit 75.

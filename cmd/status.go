@@ -55,7 +55,7 @@ RIGHTS
   metadata_locks (or MariaDB's metadata_lock_info), else exit 64.
 - Redis: read on withlock:* keys; MongoDB: find on the locks collection;
   etcd: read on NAME/ (every key, without NAME); Kubernetes: get and list on
-  leases; file: read DIR.
+  leases; S3: s3:GetObject, and s3:ListBucket without NAME; file: read DIR.
 
 ENVIRONMENT
 
