@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	osexec "os/exec"
@@ -26,7 +24,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/jackc/pgx/v5"
@@ -1080,34 +1077,20 @@ func cmdBreaklease(ts *testscript.TestScript, neg bool, args []string) {
 	}
 }
 
-// s3ignoring sets $IGNORING to the URL of $DB's bucket through a proxy that
-// drops If-None-Match and If-Match from every request and signs it again
-// with the server's keys: a store that ignores the conditions, as many
-// S3-compatible stores do (s3 scripts only).
+// s3ignoring sets $IGNORING to the URL of $DB's bucket through a store that
+// ignores the conditions (testenv.S3.IgnoringConditions; s3 scripts only).
 func cmdS3ignoring(ts *testscript.TestScript, neg bool, args []string) {
 	s, ok := ts.Value(stateKey{}).(*scriptState).server.(*testenv.S3)
 	if neg || len(args) != 0 || !ok {
 		ts.Fatalf("usage: s3ignoring (s3 scripts only)")
 	}
-	target, err := url.Parse(s.Endpoint)
+	endpoint, stop, err := s.IgnoringConditions()
 	ts.Check(err)
-	signer := v4.NewSigner()
-	creds := aws.Credentials{AccessKeyID: s.AccessKey, SecretAccessKey: s.SecretKey}
-	p := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
-		r.SetURL(target)
-		out := r.Out
-		out.Host = target.Host
-		out.Header.Del("If-None-Match")
-		out.Header.Del("If-Match")
-		out.Header.Del("Authorization")
-		signer.SignHTTP(out.Context(), creds, out, out.Header.Get("X-Amz-Content-Sha256"), "s3", s.Region, time.Now())
-	}}
-	srv := httptest.NewServer(p)
-	ts.Defer(srv.Close)
+	ts.Defer(stop)
 	u, err := url.Parse(ts.Getenv("DB"))
 	ts.Check(err)
 	q := u.Query()
-	q.Set("endpoint", srv.URL)
+	q.Set("endpoint", endpoint)
 	u.RawQuery = q.Encode()
 	ts.Setenv("IGNORING", u.String())
 }

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/exec"
@@ -16,6 +18,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 )
 
 // ErrNoS3 is returned by [StartS3] when the S3 test server cannot be built.
@@ -160,6 +165,31 @@ func (s *S3) launch(bin string) (*S3, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// IgnoringConditions starts an endpoint in front of s that drops
+// If-None-Match and If-Match from every request and signs it again with
+// s's keys: a store that takes the conditions and ignores them, as many
+// S3-compatible stores do. stop closes it.
+func (s *S3) IgnoringConditions() (endpoint string, stop func(), err error) {
+	target, err := url.Parse(s.Endpoint)
+	if err != nil {
+		return "", nil, err
+	}
+	signer := v4.NewSigner()
+	creds := aws.Credentials{AccessKeyID: s.AccessKey, SecretAccessKey: s.SecretKey}
+	p := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		out := r.Out
+		out.Host = target.Host
+		out.Header.Del("If-None-Match")
+		out.Header.Del("If-Match")
+		out.Header.Del("Authorization")
+		// A request it cannot sign goes unsigned, and the server refuses it.
+		signer.SignHTTP(out.Context(), creds, out, out.Header.Get("X-Amz-Content-Sha256"), "s3", s.Region, time.Now())
+	}}
+	srv := httptest.NewServer(p)
+	return srv.URL, srv.Close, nil
 }
 
 // scheme is https for a server with TLS, else http.

@@ -579,6 +579,22 @@ func (s Stress) untestedOn(part string, stints []Stint) []string {
 	return gaps
 }
 
+// MomentOrPast is a Stress.Hold: a moment (under 100ms) or, now and then,
+// past the lease length ttl, to hold through renewals; rarely for an
+// exclusive holder, which keeps every other contender out.
+func MomentOrPast(ttl time.Duration) func(rng *rand.Rand, mode lock.Mode) time.Duration {
+	return func(rng *rand.Rand, mode lock.Mode) time.Duration {
+		long := 12
+		if mode == lock.Exclusive {
+			long = 30
+		}
+		if rng.IntN(long) == 0 {
+			return ttl + ttl/4
+		}
+		return time.Duration(rng.IntN(100)) * time.Millisecond
+	}
+}
+
 // Repeat returns n copies of c.
 func Repeat(n int, c Contender) []Contender {
 	cs := make([]Contender, n)

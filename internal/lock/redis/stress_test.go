@@ -3,7 +3,6 @@ package redis_test
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -91,7 +90,7 @@ func modesStress(url string, m mix, names ...string) locktest.Stress {
 		URL:        url,
 		Contenders: cs,
 		TTL:        stressTTL,
-		Hold:       hold,
+		Hold:       locktest.MomentOrPast(stressTTL),
 		Pause:      20 * time.Millisecond,
 		Poll:       20 * time.Millisecond,
 		// The keep loop gives up TTL-Grace after the last renewal it saw
@@ -115,20 +114,6 @@ func modesStress(url string, m mix, names ...string) locktest.Stress {
 			return []string{"no holder stopped renewing: the run did not test expiry"}
 		},
 	}
-}
-
-// hold is a moment or, now and then, past a lease length, to hold through
-// renewals; rarely for an exclusive holder, which keeps every other
-// contender out.
-func hold(rng *rand.Rand, mode lock.Mode) time.Duration {
-	long := 12
-	if mode == lock.Exclusive {
-		long = 30
-	}
-	if rng.IntN(long) == 0 {
-		return stressTTL + stressTTL/4
-	}
-	return time.Duration(rng.IntN(100)) * time.Millisecond
 }
 
 // holdStalled waits for the lock as Acquire does (woken by the release

@@ -1,14 +1,10 @@
 package s3_test
 
 import (
-	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/withlock/withlock/internal/lock"
@@ -61,7 +57,12 @@ func TestCheckIgnoringStore(t *testing.T) {
 	bucket := s.Bucket(t)
 	u, _ := url.Parse(withPrefix(s.URL(bucket), "locks"))
 	q := u.Query()
-	q.Set("endpoint", ignoringProxy(t, s))
+	endpoint, stop, err := s.IgnoringConditions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	q.Set("endpoint", endpoint)
 	u.RawQuery = q.Encode()
 	fs := findings(t, u.String())
 	for _, name := range []string{"If-None-Match", "If-Match", "If-Match, missing", "concurrent creates"} {
@@ -69,32 +70,6 @@ func TestCheckIgnoringStore(t *testing.T) {
 			t.Errorf("%s: %+v; want fail, with the fix", name, f)
 		}
 	}
-}
-
-// ignoringProxy is an endpoint in front of s that drops If-None-Match and
-// If-Match from every request and signs it again with s's keys.
-func ignoringProxy(t *testing.T, s *testenv.S3) string {
-	target, err := url.Parse(s.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer := v4.NewSigner()
-	creds := aws.Credentials{AccessKeyID: s.AccessKey, SecretAccessKey: s.SecretKey}
-	p := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
-		r.SetURL(target)
-		out := r.Out
-		out.Host = target.Host
-		out.Header.Del("If-None-Match")
-		out.Header.Del("If-Match")
-		out.Header.Del("Authorization")
-		hash := out.Header.Get("X-Amz-Content-Sha256")
-		if err := signer.SignHTTP(out.Context(), creds, out, hash, "s3", s.Region, time.Now()); err != nil {
-			t.Errorf("signing again: %v", err)
-		}
-	}}
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
-	return srv.URL
 }
 
 // list is the keys in bucket.

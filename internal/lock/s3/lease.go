@@ -33,11 +33,17 @@ func (l *lease) Token() int64 { return l.token }
 // Keep renews the lease: the record written again with one more renewal,
 // conditional on the ETag of our last write.
 func (l *lease) Keep(ctx context.Context) error {
+	_, err := l.write(ctx, l.renewal(l.b.opts.TTL), lock.ErrLost)
+	return err
+}
+
+// renewal is our record written again, one renewal on, with the lease
+// ttl from when the store records it.
+func (l *lease) renewal(ttl time.Duration) record {
 	next := l.rec
 	next.Renewals++
-	next.TTLMillis = l.b.opts.TTL.Milliseconds()
-	_, err := l.write(ctx, next, lock.ErrLost)
-	return err
+	next.TTLMillis = max(ttl.Milliseconds(), 1)
+	return next
 }
 
 // write writes next over our last write. A failed condition is lost (an
@@ -85,15 +91,9 @@ func (l *lease) Release(ctx context.Context) error {
 // until; one can take it by until plus a second and what the write took to
 // arrive.
 func (l *lease) ReleaseAt(ctx context.Context, until time.Time) error {
-	next := l.rec
-	next.Renewals++
-	next.TTLMillis = max(time.Until(until).Milliseconds()+1, 1)
-	adopted, err := l.write(ctx, next, lock.ErrNotOurs)
+	adopted, err := l.write(ctx, l.renewal(time.Until(until)+time.Millisecond), lock.ErrNotOurs)
 	if adopted {
-		next = l.rec
-		next.Renewals++
-		next.TTLMillis = max(time.Until(until).Milliseconds()+1, 1)
-		_, err = l.write(ctx, next, lock.ErrNotOurs)
+		_, err = l.write(ctx, l.renewal(time.Until(until)+time.Millisecond), lock.ErrNotOurs)
 	}
 	return err
 }

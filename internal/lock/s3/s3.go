@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,7 +69,7 @@ func open(u *url.URL, opts lock.Options) (lock.Backend, error) {
 	}
 	q := u.Query()
 	for k := range q {
-		if !contains(urlOptions, k) {
+		if !slices.Contains(urlOptions, k) {
 			return nil, lock.Errorf(lock.ErrUsage, "s3 URL: unknown option %q; the options are %s", k, strings.Join(urlOptions, ", "))
 		}
 	}
@@ -120,15 +121,6 @@ func whereOf(endpoint, region string) string {
 		return "s3 at s3." + region + ".amazonaws.com"
 	}
 	return "s3 at s3.amazonaws.com"
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // connect makes the client on first use: the credential chain is read

@@ -45,7 +45,7 @@ func TestStress(t *testing.T) {
 				URL:        u,
 				Contenders: m.cs,
 				TTL:        stressTTL,
-				Hold:       hold,
+				Hold:       locktest.MomentOrPast(stressTTL),
 				Pause:      20 * time.Millisecond,
 				Poll:       50 * time.Millisecond,
 				Tokens:     true,
@@ -73,20 +73,6 @@ func TestStress(t *testing.T) {
 			st.Run(t)
 		})
 	}
-}
-
-// hold is a moment or, now and then, past a lease length, to hold through
-// renewals; rarely for an exclusive holder, which keeps every other
-// contender out.
-func hold(rng *rand.Rand, mode lock.Mode) time.Duration {
-	long := 12
-	if mode == lock.Exclusive {
-		long = 30
-	}
-	if rng.IntN(long) == 0 {
-		return stressTTL + stressTTL/4
-	}
-	return time.Duration(rng.IntN(100)) * time.Millisecond
 }
 
 // holdStalled polls for the lock as Acquire does and then never renews it
