@@ -1,5 +1,6 @@
-// Command bench measures withlock side by side with flock(1), psql, etcdctl
-// lock and the npm package advisory-lock's withlock, in one run so that the
+// Command bench measures withlock side by side with flock(1), psql, a
+// redis-cli script, the mysql client, etcdctl lock and the npm package
+// advisory-lock's withlock, in one run so that the
 // ratios hold on a noisy machine. It starts its own servers as the tests do,
 // and prints one Markdown table per figure, then a table of the product's
 // performance goals judged by them (goals.go). Run it with `make bench`, which
@@ -239,14 +240,19 @@ func run() error {
 		for _, db := range dbs {
 			over = append(over, contender{"withlock " + db.name, []string{wl, "--db", db.url, "bench", "--", "true"}})
 		}
+		// The floor: psql's lock and unlock with no command between them.
 		floor := func(url string) []string {
 			return []string{psql, url, "-c", "select pg_advisory_lock(1); select pg_advisory_unlock(1)"}
 		}
 		over = append(over,
 			contender{"withlock postgres, server with TLS", []string{wl, "--db", pgTLSURL, "bench", "--", "true"}},
 			contender{"withlock postgres, sslmode=disable", []string{wl, "--db", pg.URL, "bench", "--", "true"}},
+			contender{"psql same job", psqlJob(psql, pgURL, 1, "true")},
+			contender{"psql same job, server with TLS", psqlJob(psql, pgTLSURL, 1, "true")},
 			contender{"psql floor", floor(pgURL)},
 			contender{"psql floor, server with TLS", floor(pgTLSURL)},
+			contender{"redis-cli script", redisCLIScript(rd.URL, "bench", "true")},
+			contender{"mysql client same job", mysqlClient("SELECT GET_LOCK('bench', 3600); system true; SELECT RELEASE_LOCK('bench')")},
 			contender{"mysql client floor", mysqlClient("SELECT GET_LOCK('bench', 0); SELECT RELEASE_LOCK('bench')")},
 			contender{"npm withlock (postgres)", []string{npmWithlock, "bench", "--db", pgURL, "--", "true"}},
 			contender{"etcdctl lock (etcd)", etcdctl("bench", "true")},
@@ -255,9 +261,9 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		flockMed, psqlMed := stats["flock FILE true"].median, stats["psql floor"].median
+		flockMed, psqlMed := stats["flock FILE true"].median, stats["psql same job"].median
 		fmt.Printf("## Overhead: whole-process wall time of locking around `true` (%d runs after warm-up)\n\n", overheadRuns)
-		fmt.Println("| contender | median | p90 | CPU (user+sys, mean) | ÷ flock | ÷ psql floor |")
+		fmt.Println("| contender | median | p90 | CPU (user+sys, mean) | ÷ flock | ÷ psql same job |")
 		fmt.Println("|---|---:|---:|---:|---:|---:|")
 		for _, c := range over {
 			s := stats[c.name]
@@ -269,12 +275,14 @@ func run() error {
 		cpuRatio := func(a, b string) float64 { return stats[a].cpu / stats[b].cpu }
 		npm, wpg := stats["npm withlock (postgres)"], stats["withlock postgres"]
 		fmt.Printf("\nnpm withlock ÷ withlock postgres: %.1f× wall, %.1f× CPU\n", npm.median/wpg.median, npm.cpu/wpg.cpu)
-		fmt.Printf("withlock postgres ÷ psql floor: %.2f× wall, %.2f× CPU; with TLS: %.2f× wall, %.2f× CPU\n",
-			ratio("withlock postgres", "psql floor"), cpuRatio("withlock postgres", "psql floor"),
-			ratio("withlock postgres, server with TLS", "psql floor, server with TLS"), cpuRatio("withlock postgres, server with TLS", "psql floor, server with TLS"))
+		fmt.Printf("withlock postgres ÷ psql same job: %.2f× wall, %.2f× CPU; with TLS: %.2f× wall, %.2f× CPU\n",
+			ratio("withlock postgres", "psql same job"), cpuRatio("withlock postgres", "psql same job"),
+			ratio("withlock postgres, server with TLS", "psql same job, server with TLS"), cpuRatio("withlock postgres, server with TLS", "psql same job, server with TLS"))
+		fmt.Printf("withlock postgres ÷ psql floor: %.2f× wall, %.2f× CPU\n", ratio("withlock postgres", "psql floor"), cpuRatio("withlock postgres", "psql floor"))
+		fmt.Printf("withlock redis ÷ redis-cli script: %.2f×\n", ratio("withlock redis", "redis-cli script"))
 		fmt.Printf("withlock version ÷ static Go hello-world: %.2f×\n", ratio("withlock version", "static Go hello-world"))
 		fmt.Printf("withlock file ÷ flock: %.2f×\n", ratio("withlock file", "flock FILE true"))
-		fmt.Printf("withlock mysql ÷ mysql client floor: %.2f×\n\n", stats["withlock mysql"].median/stats["mysql client floor"].median)
+		fmt.Printf("withlock mysql ÷ mysql client same job: %.2f×\n\n", ratio("withlock mysql", "mysql client same job"))
 		if err := initByModule(wl); err != nil {
 			return err
 		}
@@ -298,7 +306,11 @@ func run() error {
 	for _, db := range withSetups {
 		rows = append(rows, handoffRow{"withlock " + db.name, lockCmd(db.url)})
 	}
-	rows = append(rows, handoffRow{"etcdctl lock (etcd)", func(cmd string) []string { return etcdctl("handoff", "sh", "-c", cmd) }})
+	rows = append(rows,
+		handoffRow{"etcdctl lock (etcd)", func(cmd string) []string { return etcdctl("handoff", "sh", "-c", cmd) }},
+		handoffRow{"psql", func(cmd string) []string { return psqlJob(psql, pgURL, 8, cmd) }},
+		handoffRow{"redis-cli script", func(cmd string) []string { return redisCLIScript(rd.URL, "handoff", cmd) }},
+	)
 	// The mysql client holding GET_LOCK around the same commands.
 	// The client ends a "system" command at the first ';': the command goes
 	// in a file.
@@ -332,7 +344,8 @@ func run() error {
 	critical := criticalSection(work)
 	conts := contentionRows(work, wl, withSetups)
 	conts = append(conts,
-		cont{"psql lock/command/unlock", acquisitions, []string{psql, "-q", pgURL, "-c", "select pg_advisory_lock(7)", "-c", `\! ` + critical, "-c", "select pg_advisory_unlock(7)"}},
+		cont{"psql lock/command/unlock", acquisitions, psqlJob(psql, pgURL, 7, critical)},
+		cont{"redis-cli script", acquisitions, redisCLIScript(rd.URL, "contention", critical)},
 		cont{"mysql client lock/command/unlock", acquisitions, mysqlClient("SELECT GET_LOCK('contention', 3600); system sh " + script(critical) + "; SELECT RELEASE_LOCK('contention')")},
 		cont{fmt.Sprintf("npm withlock (%d each)", npmAcquisition), npmAcquisition, []string{npmWithlock, "contention", "--db", pgURL, "--", "sh", "-c", critical}},
 		cont{"etcdctl lock (etcd)", acquisitions, etcdctl("contention", "sh", "-c", critical)},
@@ -341,26 +354,33 @@ func run() error {
 		return err
 	}
 
-	// Memory: peak RSS of withlock while it holds the lock.
-	// A semaphore's holder too (the same bound); a backend
-	// without semaphores yet says so instead of ending the run.
+	// Memory: peak RSS of withlock while it holds the lock. A semaphore's
+	// and a shared lock's holders too (the same bound); a backend without
+	// the mode has "-" there.
 	fmt.Println("\n## Memory: peak RSS of withlock holding a lock for 1s")
-	fmt.Println("\n| backend | peak RSS | holding a semaphore of 3 |")
-	fmt.Println("|---|---:|---:|")
+	fmt.Println("\n| backend | peak RSS | holding a semaphore of 3 | holding a shared lock |")
+	fmt.Println("|---|---:|---:|---:|")
 	for _, db := range dbs {
 		rss, err := peakRSS(wl, db.url)
 		if err != nil {
 			return err
 		}
-		sem := "-"
-		if semRSS, err := peakRSS(wl, db.url, "--max-holders", "3"); err == nil {
-			sem = fmt.Sprintf("%.1f MB", float64(semRSS)/1024)
-			measured.set("rss semaphore", db.name, float64(semRSS)/1024)
-		} else {
-			fmt.Fprintf(os.Stderr, "bench: %s semaphore: %v\n", db.name, err)
-		}
-		fmt.Printf("| %s | %.1f MB | %s |\n", db.name, float64(rss)/1024, sem)
 		measured.set("rss", db.name, float64(rss)/1024)
+		inMode := func(table string, flags ...string) string {
+			kb, err := peakRSS(wl, db.url, flags...)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "bench: %s %s: %v\n", db.name, strings.Join(flags, " "), err)
+				return "-"
+			}
+			measured.set(table, db.name, float64(kb)/1024)
+			return fmt.Sprintf("%.1f MB", float64(kb)/1024)
+		}
+		sem := inMode("rss semaphore", "--max-holders", "3")
+		shared := "-"
+		if slices.Contains(sharedBackends, db.name) {
+			shared = inMode("rss shared", "--shared")
+		}
+		fmt.Printf("| %s | %.1f MB | %s | %s |\n", db.name, float64(rss)/1024, sem, shared)
 	}
 	if err := waitingOn(work, wl, dbs, servers{pg: pg, rd: rd, mg: mg, et: et, md: md, kube: kube, s3: s3}); err != nil {
 		return err
@@ -554,6 +574,24 @@ type cont struct {
 // notices an overlap, in work/overlaps, when two run at once.
 func criticalSection(work string) string {
 	return fmt.Sprintf("mkdir %[1]s/inside 2>/dev/null || echo x >> %[1]s/overlaps; sleep 0.002; rmdir %[1]s/inside", work)
+}
+
+// psqlJob is psql doing withlock's job in one session: it takes the
+// advisory lock key, runs the shell command cmd (\! runs it as sh -c does)
+// and unlocks.
+func psqlJob(psql, url string, key int, cmd string) []string {
+	return []string{psql, "-q", url, "-c", fmt.Sprintf("select pg_advisory_lock(%d)", key), "-c", `\! ` + cmd, "-c", fmt.Sprintf("select pg_advisory_unlock(%d)", key)}
+}
+
+// redisCLIScript is the lock people script with redis-cli: SET NX with an
+// expiry and a value of its own, tried every 10 ms until it is set, then
+// the shell command cmd, then a compare-and-delete, so that a lock that
+// ran out and was taken by another is not deleted.
+func redisCLIScript(url, key, cmd string) []string {
+	script := fmt.Sprintf(`until [ "$(redis-cli -u %[1]s SET %[2]s $$ NX PX 30000)" = OK ]; do sleep 0.01; done
+%[3]s
+redis-cli -u %[1]s EVAL "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0" 1 %[2]s $$ >/dev/null`, url, key, cmd)
+	return []string{"sh", "-c", script}
 }
 
 // contentionRows are flock's row and withlock's rows on dbs of the

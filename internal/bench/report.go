@@ -71,7 +71,7 @@ func writeDoc(doc, output string, f figures, r results, when time.Time, at strin
 			"milliseconds (less is better)", []string{"median", "p90"}, f.handoff); err != nil {
 			return err
 		}
-		charts = append(charts, fmt.Sprintf("![Hand-off per backend, beside flock, etcdctl lock and the mysql client](%s)", name))
+		charts = append(charts, fmt.Sprintf("![Hand-off per backend, beside flock, psql, etcdctl lock, the mysql client and a redis-cli script](%s)", name))
 	}
 	if len(f.contention) > 0 {
 		name := "performance-contention.svg"
@@ -79,7 +79,7 @@ func writeDoc(doc, output string, f figures, r results, when time.Time, at strin
 			"acquisitions a second (more is better)", []string{"acquisitions/s"}, f.contention); err != nil {
 			return err
 		}
-		charts = append(charts, fmt.Sprintf("![Contention per backend, beside flock, psql, the mysql client, etcdctl lock and the npm withlock](%s)", name))
+		charts = append(charts, fmt.Sprintf("![Contention per backend, beside flock, psql, a redis-cli script, the mysql client, etcdctl lock and the npm withlock](%s)", name))
 	}
 
 	var b bytes.Buffer
@@ -219,6 +219,6 @@ func costs(r results) string {
 	if s := list(func(row string) float64 { return r.get("waiter cpu", strings.TrimPrefix(row, "withlock ")) }, "%.2f%%"); s != "" {
 		fmt.Fprintf(&b, "- **Waiting.** Each waiter costs the server %s of a core.\n", s)
 	}
-	b.WriteString("\nHow: whole processes as users run them (default flags, URLs as written), timed by hyperfine; memory by `/usr/bin/time -v`; servers started by the benchmark on the same machine, so network time is a loopback's. Absolute times scale with the machine; the ratios to flock(1), psql, the mysql client and `etcdctl lock` below carry over better.\n\n")
+	b.WriteString("\nHow: whole processes as users run them (default flags, URLs as written), timed by hyperfine; memory by `/usr/bin/time -v`; servers started by the benchmark on the same machine, so network time is a loopback's. Absolute times scale with the machine; the ratios to flock(1), psql, redis-cli, the mysql client and `etcdctl lock` below carry over better.\n\n")
 	return b.String()
 }

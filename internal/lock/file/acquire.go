@@ -82,6 +82,7 @@ func (w waiting) acquire(ctx context.Context, name string) (lock.Lease, error) {
 		l   *lease
 		err error
 	}
+	w.readyToHold()
 	// A blocked flock cannot be interrupted, so it blocks on another
 	// goroutine. If ctx ends first, that goroutine lets go of whatever it
 	// gets, whenever it gets it, and goes no further.
@@ -206,6 +207,7 @@ func (b *backend) trySemaphore(name, f string) (lock.Lease, error) {
 			}
 		}
 	}
+	b.readyToHold() // the next attempt may be the one that gets a slot
 	return nil, lock.ErrHeld
 }
 
@@ -306,6 +308,18 @@ func (b *backend) hold(name, f string, l *lease) (lock.Lease, error) {
 	}
 	b.held = l
 	return l, nil
+}
+
+// readyToHold does before a wait what hold would otherwise do first once
+// the lock is granted, so that the hand-off pays only for writing the
+// record: it starts the listener for release --force, learns this
+// process's identity and builds the record's encoder (encoding/json
+// builds it at its first use).
+func (b *backend) readyToHold() {
+	startBreakListener()
+	if r, err := self(); err == nil {
+		r.encode()
+	}
 }
 
 // checkOthers reads the records of every slot and shared holder's record

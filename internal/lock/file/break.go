@@ -42,6 +42,15 @@ var listening struct {
 
 // listenForBreak makes breakSignal break l, until l is let go.
 func listenForBreak(l *lease) {
+	startBreakListener()
+	listening.mu.Lock()
+	listening.leases[l] = true
+	listening.mu.Unlock()
+}
+
+// startBreakListener starts, once per process, what listenForBreak
+// registers leases with.
+func startBreakListener() {
 	listening.once.Do(func() {
 		listening.leases = map[*lease]bool{}
 		c := make(chan os.Signal, 1)
@@ -63,9 +72,6 @@ func listenForBreak(l *lease) {
 			}
 		}()
 	})
-	listening.mu.Lock()
-	listening.leases[l] = true
-	listening.mu.Unlock()
 }
 
 func stopListening(l *lease) {
