@@ -73,11 +73,13 @@ func (l *lease) deleted() error {
 	return lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's key %s was deleted (its lease expired or was revoked)", l.b.addr, l.key)
 }
 
-// TryAcquire puts name's key and keeps it if it holds the lock; otherwise
-// it revokes the lease, which deletes the key.
+// TryAcquire puts name's key and keeps it if it holds the lock. Otherwise,
+// when the caller is to wait (lock.Options.NoWait unset), the key stays in
+// the queue for the Acquire that follows (waiting), as etcd's own recipe
+// queues once; else it revokes the lease, which deletes the key.
 func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
 	if l := b.waiting; l != nil {
-		b.waiting = nil
+		b.waiting, b.queued = nil, nil
 		l.drop(ctx)
 	}
 	l, q, i, err := b.enqueue(ctx, name)
@@ -85,9 +87,13 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 		return nil, err
 	}
 	holds, _, err := judge(name, q, i)
-	if err == nil && holds {
+	switch {
+	case err == nil && holds:
 		l.held()
 		return l, nil
+	case err == nil && !b.opts.NoWait:
+		b.waiting, b.queued = l, q
+		return nil, lock.ErrHeld
 	}
 	l.drop(ctx)
 	if err != nil {
@@ -145,18 +151,22 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, time.Ti
 	return l, l.renewedAt, nil
 }
 
-// resume returns the key that a wait cut short by the server's
-// unavailability kept, with the queue read again, if it is name's and is
-// still there; else a new one (enqueue).
+// resume returns the key kept for a wait (waiting), if it is name's, with
+// the queue its attempt read or, after a wait cut short by the server's
+// unavailability, the queue read again if the key is still there; else a
+// new one (enqueue).
 func (b *backend) resume(ctx context.Context, name string) (*lease, []entry, int, error) {
-	l := b.waiting
-	b.waiting = nil
+	l, q := b.waiting, b.queued
+	b.waiting, b.queued = nil, nil
 	if l == nil {
 		return b.enqueue(ctx, name)
 	}
 	if l.name != name {
 		l.drop(ctx)
 		return b.enqueue(ctx, name)
+	}
+	if q != nil {
+		return l, q, slices.IndexFunc(q, func(e entry) bool { return e.key == l.key }), nil
 	}
 	q, i, err := l.requeue(ctx, true)
 	switch {

@@ -48,11 +48,15 @@ type backend struct {
 
 	auth    *tokens // the URL's user's, if it names one
 	renewer renewer
-	// waiting is a waiter's key kept after a wait that the server's
-	// unavailability cut short, so that the next Acquire of the same name
-	// resumes in its place instead of queueing again at the back (Close
-	// revokes it).
+	// waiting is a waiter's key kept for the next Acquire of the same
+	// name, so that it waits in that place instead of queueing again at
+	// the back (Close revokes it): after an attempt that found the lock
+	// held, when the caller is to wait (queued is then the queue as the
+	// attempt read it, and the wait starts from it without a request of
+	// its own), or after a wait that the server's unavailability cut
+	// short (queued is nil: the queue is read again).
 	waiting *lease
+	queued  []entry
 	// orphans are leases of keys that were to be deleted when a wait or an
 	// attempt failed, but could not be: the next attempt revokes them.
 	orphans []clientv3.LeaseID
@@ -220,7 +224,7 @@ func (b *backend) client(ctx context.Context) (*clientv3.Client, error) {
 
 func (b *backend) Close() error {
 	if l := b.waiting; l != nil {
-		b.waiting = nil
+		b.waiting, b.queued = nil, nil
 		l.drop(context.Background())
 	}
 	b.renewer.close()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -431,6 +432,61 @@ func TestCancelledWaitLeavesNothing(t *testing.T) {
 	}
 	if ttl, err := c.TimeToLive(locktest.Context(t), lease); err != nil || ttl.TTL != -1 {
 		t.Errorf("the cancelled waiter's lease: %v, %v; want it revoked", ttl, err)
+	}
+}
+
+// A waiter queues once, as etcd's recipe does: the key its first attempt
+// put stays, and its wait goes on from it and ends holding it, where a
+// second lease and key would cost the server two more writes per
+// acquisition. With NoWait the attempt leaves nothing.
+func TestWaiterQueuesOnce(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	c := client(t, e)
+	name := locktest.Name(t)
+	a := locktest.Open(t, e.URL, lock.Options{})
+	la, err := a.TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	n := locktest.Open(t, e.URL, lock.Options{NoWait: true})
+	if _, err := n.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("an attempt on a held lock: %v; want ErrHeld", err)
+	}
+	if ks := keys(t, c, name); len(ks) != 1 {
+		t.Errorf("keys after an attempt with NoWait: %q; want the holder's alone", ks)
+	}
+
+	b := locktest.Open(t, e.URL, lock.Options{})
+	if _, err := b.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("an attempt on a held lock: %v; want ErrHeld", err)
+	}
+	ks := keys(t, c, name)
+	if len(ks) != 2 {
+		t.Fatalf("keys after an attempt of a waiter: %q; want the holder's and the waiter's", ks)
+	}
+	got := make(chan lock.Lease, 1)
+	go func() {
+		l, _, err := b.Backend.(lock.Waiter).Acquire(locktest.Context(t), name)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitWatchers(t, e, 2) // the holder's, of its own key, and the waiter's
+	if now := keys(t, c, name); !slices.Equal(now, ks) {
+		t.Errorf("keys while waiting: %q; want those after the attempt, %q", now, ks)
+	}
+	if err := la.Release(locktest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	lb := <-got
+	if lb == nil {
+		return
+	}
+	defer lb.Release(locktest.Context(t))
+	if now := keys(t, c, name); len(now) != 1 || now[0] != ks[1] {
+		t.Errorf("keys once the waiter holds: %q; want its first attempt's, %q", now, ks[1])
 	}
 }
 
