@@ -50,7 +50,7 @@ func (r results) worst(table string, rows []string) (float64, string) {
 var backends = []string{"file", "postgres", "redis", "mongodb", "etcd", "mysql", "k8s", "s3"}
 
 // sharedBackends are those of backends with shared locks (--shared).
-var sharedBackends = []string{"file", "postgres", "redis", "mongodb", "etcd", "mysql"}
+var sharedBackends = []string{"file", "postgres", "redis", "mongodb", "etcd"}
 
 // A goal is one line of the product's performance contract, judged by a
 // figure of the run: at most limit (at least, with atLeast). measure

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Redis says that an ACL refused a command, but before 7.2 not what it
@@ -13,16 +14,27 @@ import (
 // of withlock's own script, so that the message names it and the rule that
 // allows it.
 
-var (
+// aclPatterns are the patterns aclRefusal reads refusals with, compiled
+// at the first refusal rather than in package init, which every withlock
+// start runs, whatever the backend.
+var aclPatterns = sync.OnceValue(func() *aclRegexps {
+	return &aclRegexps{
+		quotedCommand: regexp.MustCompile(`permissions to run the '([^']+)' command`),
+		quotedKey:     regexp.MustCompile(`permissions to access the '([^']+)' key`),
+		quotedChannel: regexp.MustCompile(`permissions to access the '([^']+)' channel`),
+		scriptLine:    regexp.MustCompile(`@user_script:(\d+)`),
+		luaCall:       regexp.MustCompile(`redis\.p?call\('(\w+)'(?:,\s*([\w\[\]]+))?`),
+		luaKey:        regexp.MustCompile(`^KEYS\[(\d)\]$`),
+	}
+})
+
+type aclRegexps struct {
 	// Redis 7.2 and later name what they refused.
-	quotedCommand = regexp.MustCompile(`permissions to run the '([^']+)' command`)
-	quotedKey     = regexp.MustCompile(`permissions to access the '([^']+)' key`)
-	quotedChannel = regexp.MustCompile(`permissions to access the '([^']+)' channel`)
-	scriptLine    = regexp.MustCompile(`@user_script:(\d+)`)
+	quotedCommand, quotedKey, quotedChannel *regexp.Regexp
+	scriptLine                              *regexp.Regexp
 	// luaCall is a command in a script's line and its first argument.
-	luaCall = regexp.MustCompile(`redis\.p?call\('(\w+)'(?:,\s*([\w\[\]]+))?`)
-	luaKey  = regexp.MustCompile(`^KEYS\[(\d)\]$`)
-)
+	luaCall, luaKey *regexp.Regexp
+}
 
 // aclRefusal explains msg, an error reply to s run with keys (s nil: to
 // another command, with keys as its keys): what the user's ACL refused and
@@ -31,12 +43,13 @@ func aclRefusal(msg string, s *luaScript, keys []string) string {
 	if !strings.HasPrefix(msg, "NOPERM") && !strings.Contains(msg, "user executing the script can't") && !strings.Contains(msg, "ACL failure in script") {
 		return ""
 	}
+	re := aclPatterns()
 	var cmd, arg string
 	if s != nil {
-		if m := scriptLine.FindStringSubmatch(msg); m != nil {
+		if m := re.scriptLine.FindStringSubmatch(msg); m != nil {
 			n, _ := strconv.Atoi(m[1])
 			if lines := strings.Split(s.src, "\n"); n >= 1 && n <= len(lines) {
-				if c := luaCall.FindStringSubmatch(lines[n-1]); c != nil {
+				if c := re.luaCall.FindStringSubmatch(lines[n-1]); c != nil {
 					cmd, arg = c[1], scriptKey(c[2], keys)
 				}
 			}
@@ -47,12 +60,12 @@ func aclRefusal(msg string, s *luaScript, keys []string) string {
 		in, by = fmt.Sprintf(" (in the %s script)", s.name), fmt.Sprintf(" (%s in the %s script)", cmd, s.name)
 	}
 	switch {
-	case quotedKey.MatchString(msg):
-		return keyRule(quotedKey.FindStringSubmatch(msg)[1], by)
-	case quotedChannel.MatchString(msg):
-		return channelRule(quotedChannel.FindStringSubmatch(msg)[1])
-	case quotedCommand.MatchString(msg):
-		return commandRule(quotedCommand.FindStringSubmatch(msg)[1], in)
+	case re.quotedKey.MatchString(msg):
+		return keyRule(re.quotedKey.FindStringSubmatch(msg)[1], by)
+	case re.quotedChannel.MatchString(msg):
+		return channelRule(re.quotedChannel.FindStringSubmatch(msg)[1])
+	case re.quotedCommand.MatchString(msg):
+		return commandRule(re.quotedCommand.FindStringSubmatch(msg)[1], in)
 	case strings.Contains(msg, "channel"):
 		for _, k := range append([]string{arg}, keys...) {
 			if strings.HasPrefix(k, "withlock:released:") {
@@ -75,7 +88,7 @@ func aclRefusal(msg string, s *luaScript, keys []string) string {
 // names: KEYS[i], or the lock (the first key), which the scripts call lock
 // or key. It is "" for anything else.
 func scriptKey(expr string, keys []string) string {
-	if m := luaKey.FindStringSubmatch(expr); m != nil {
+	if m := aclPatterns().luaKey.FindStringSubmatch(expr); m != nil {
 		if i, _ := strconv.Atoi(m[1]); i >= 1 && i <= len(keys) {
 			return keys[i-1]
 		}
