@@ -47,6 +47,18 @@ func keys(t *testing.T, c *clientv3.Client, name string) []string {
 	return ks
 }
 
+// holder takes name for a new client of e with opts, and returns its
+// lease, released when the test ends.
+func holder(t *testing.T, e *testenv.Etcd, name string, opts lock.Options) lock.Lease {
+	t.Helper()
+	l, err := locktest.Open(t, e.URL, opts).TryAcquire(locktest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Release(context.Background()) })
+	return l
+}
+
 // eachSetUp runs test, side by side when parallel, on the system's etcd
 // and on every release of testenv.EtcdVersions, each with authentication
 // off and on. With it on, url logs in as wl, a user who is not root and
@@ -356,11 +368,7 @@ func TestLongWaitRenews(t *testing.T) {
 	c := client(t, e)
 	name := locktest.Name(t)
 	const ttl = time.Second
-	a := locktest.Open(t, e.URL, lock.Options{TTL: 10 * time.Second})
-	la, err := a.TryAcquire(locktest.Context(t), name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	la := holder(t, e, name, lock.Options{TTL: 10 * time.Second})
 	b := locktest.Open(t, e.URL, lock.Options{TTL: ttl})
 	got := waiting(t, e, b, name)
 	waiter := keys(t, c, name)[1]
@@ -407,12 +415,7 @@ func TestCancelledWaitLeavesNothing(t *testing.T) {
 	e := testenv.RequireEtcd(t)
 	c := client(t, e)
 	name := locktest.Name(t)
-	a := locktest.Open(t, e.URL, lock.Options{})
-	la, err := a.TryAcquire(locktest.Context(t), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer la.Release(locktest.Context(t))
+	holder(t, e, name, lock.Options{})
 	b := locktest.Open(t, e.URL, lock.Options{})
 	ctx, cancel := context.WithCancel(locktest.Context(t))
 	done := make(chan error, 1)
@@ -443,11 +446,7 @@ func TestWaiterQueuesOnce(t *testing.T) {
 	e := testenv.RequireEtcd(t)
 	c := client(t, e)
 	name := locktest.Name(t)
-	a := locktest.Open(t, e.URL, lock.Options{})
-	la, err := a.TryAcquire(locktest.Context(t), name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	la := holder(t, e, name, lock.Options{})
 
 	n := locktest.Open(t, e.URL, lock.Options{NoWait: true})
 	if _, err := n.TryAcquire(locktest.Context(t), name); !errors.Is(err, lock.ErrHeld) {
