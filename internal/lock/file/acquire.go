@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -82,7 +83,7 @@ func (w waiting) acquire(ctx context.Context, name string) (lock.Lease, error) {
 		l   *lease
 		err error
 	}
-	w.readyToHold()
+	readyToHold()
 	// A blocked flock cannot be interrupted, so it blocks on another
 	// goroutine. If ctx ends first, that goroutine lets go of whatever it
 	// gets, whenever it gets it, and goes no further.
@@ -207,7 +208,7 @@ func (b *backend) trySemaphore(name, f string) (lock.Lease, error) {
 			}
 		}
 	}
-	b.readyToHold() // the next attempt may be the one that gets a slot
+	readyToHold() // the next attempt may be the one that gets a slot
 	return nil, lock.ErrHeld
 }
 
@@ -314,13 +315,13 @@ func (b *backend) hold(name, f string, l *lease) (lock.Lease, error) {
 // the lock is granted, so that the hand-off pays only for writing the
 // record: it starts the listener for release --force, learns this
 // process's identity and builds the record's encoder (encoding/json
-// builds it at its first use).
-func (b *backend) readyToHold() {
+// builds it at its first use). All three are the process's, done once.
+var readyToHold = sync.OnceFunc(func() {
 	startBreakListener()
 	if r, err := self(); err == nil {
 		r.encode()
 	}
-}
+})
 
 // checkOthers reads the records of every slot and shared holder's record
 // file but own and returns an ErrUsage error if a live one asked for
