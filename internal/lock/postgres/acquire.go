@@ -46,7 +46,11 @@ func (b *backend) Acquire(ctx context.Context, name string) (lock.Lease, time.Ti
 //     and a session lock taken in one is granted again (re-entrantly) to
 //     whichever client's statement lands there next. A session-mode pooler
 //     resets a server session (DISCARD ALL) before handing it to the next
-//     client, which clears both;
+//     client, which clears both. Whether the session holds advisory locks
+//     is asked only behind a pooler (%[5]s, heldSQL): on a connection that
+//     the server process itself answered, the session began with it and
+//     holds nothing, and reading the server's lock table (pg_lock_status)
+//     costs a new server process more than taking the lock does;
 //   - the server process is one of $4: on a new connection, the one that
 //     answered it (its pid from BackendKeyData). Poolers answer connections
 //     themselves, with a pid of their own; see take.
@@ -80,30 +84,56 @@ from (select s.*, case when s.standby or s.shared is not null or s.pid <> all($4
 	from (select pg_catalog.pg_backend_pid() as pid, pg_catalog.pg_is_in_recovery() as standby,
 			case when coalesce(pg_catalog.current_setting('withlock.session', true), '') not in ('', $3)
 				then 'another connection had used this server session'
-			when exists(select 1 from pg_catalog.pg_lock_status() l where l.locktype = 'advisory' and l.pid = pg_catalog.pg_backend_pid())
-				then 'this server session already held advisory locks'
+			%[5]s
 			end as shared,
 			case when pg_catalog.current_setting('transaction_timeout', true) is not null
 				then pg_catalog.set_config('transaction_timeout', '0', false) end
 		offset 0) s
 	offset 0) x`
 
-// lockSQLs are the lock statements of each mode: a single attempt, and a
-// wait in the server's queue. A semaphore has no wait statement; see
-// acquireSlot. They are built at first use, as every statement put
-// together with Sprintf here: package init runs in every withlock start,
-// whatever the backend (docs/design.md, A small binary, started often).
-var lockSQLs = sync.OnceValue(func() map[lock.Mode][2]string {
-	return map[lock.Mode][2]string{
-		lock.Exclusive: {
-			fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock($1::int4, $2::int4) then 0 else -1 end", "$6", "$7", "$8"),
-			fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock($1::int4, $2::int4))", "$6", "$7", "$8"),
-		},
-		lock.Shared: {
-			fmt.Sprintf(lockSQL, "case when pg_try_advisory_lock_shared($1::int4, $2::int4) then 0 else -1 end", "$6", "$7", "$8"),
-			fmt.Sprintf(lockSQL, "(select 0 from pg_advisory_lock_shared($1::int4, $2::int4))", "$6", "$7", "$8"),
-		},
-		lock.Semaphore: {fmt.Sprintf(lockSQL, semTrySQL, "$11", "$12", "$13")}, // after semTrySQL's five
+// heldSQL is lockSQL's check, behind a pooler, that the session holds no
+// advisory lock.
+const heldSQL = `when exists(select 1 from pg_catalog.pg_lock_status() l where l.locktype = 'advisory' and l.pid = pg_catalog.pg_backend_pid())
+				then 'this server session already held advisory locks'`
+
+// lockStatement is the lock statement of a mode: a single attempt, or
+// (wait) a wait in the server's queue; pooled, it also asks whether the
+// session holds advisory locks (heldSQL). A semaphore has no wait
+// statement; see acquireSlot. The statements are built at first use, as
+// every statement put together with Sprintf here: package init runs in
+// every withlock start, whatever the backend (docs/design.md, A small
+// binary, started often).
+func lockStatement(mode lock.Mode, wait, pooled bool) string {
+	return lockSQLs()[mode][b2i(pooled)][b2i(wait)]
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// lockSQLs are lockStatement's statements, by mode, pooled and wait.
+var lockSQLs = sync.OnceValue(func() map[lock.Mode][2][2]string {
+	// build fills lockSQL in with a mode's lock statements (an empty one
+	// is left empty) and the first of boundSQL's parameters.
+	build := func(try, wait string, bound int) (s [2][2]string) {
+		for p, held := range []string{"", heldSQL} {
+			for w, lockFn := range []string{try, wait} {
+				if lockFn != "" {
+					s[p][w] = fmt.Sprintf(lockSQL, lockFn, "$"+strconv.Itoa(bound), "$"+strconv.Itoa(bound+1), "$"+strconv.Itoa(bound+2), held)
+				}
+			}
+		}
+		return s
+	}
+	return map[lock.Mode][2][2]string{
+		lock.Exclusive: build("case when pg_try_advisory_lock($1::int4, $2::int4) then 0 else -1 end",
+			"(select 0 from pg_advisory_lock($1::int4, $2::int4))", 6),
+		lock.Shared: build("case when pg_try_advisory_lock_shared($1::int4, $2::int4) then 0 else -1 end",
+			"(select 0 from pg_advisory_lock_shared($1::int4, $2::int4))", 6),
+		lock.Semaphore: build(semTrySQL, "", 11), // after semTrySQL's five
 	}
 })
 
@@ -179,16 +209,13 @@ func (b *backend) take(ctx context.Context, name string, wait bool) (lock.Lease,
 	if mode == lock.Semaphore {
 		sem = newSemaphore(name, b.opts.MaxHolders)
 	}
-	sql := lockSQLs()[mode][0]
-	if wait {
-		sql = lockSQLs()[mode][1]
-	}
 	rec := b.record(name, nil)
 	for probes := 1; ; probes++ {
 		conn, err := b.connect(ctx, name)
 		if err != nil {
 			return nil, err
 		}
+		sql := lockStatement(mode, wait, b.pooled)
 		accept := []int64{int64(conn.PgConn().PID())}
 		if b.pooled {
 			accept = b.seen
