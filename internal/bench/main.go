@@ -511,8 +511,8 @@ func waitingFigures(work, wl string, names []string) error {
 }
 
 // handoffFigures starts the servers of the backends named, and measures
-// their hand-off beside flock's, and etcd's beside etcdctl lock's: the
-// hand-off table's rows of those backends alone.
+// their hand-off beside flock's, PostgreSQL's beside psql's and etcd's
+// beside etcdctl lock's: the hand-off table's rows of those backends alone.
 func handoffFigures(work, wl string, names []string) error {
 	s, dbs, stop, err := startServers(work, names)
 	defer stop()
@@ -525,6 +525,13 @@ func handoffFigures(work, wl string, names []string) error {
 		rows = append(rows, handoffRow{"withlock " + db.name, func(cmd string) []string {
 			return []string{wl, "--db", db.url, "handoff", "--", "sh", "-c", cmd}
 		}})
+	}
+	if s.pg != nil {
+		psql, err := realPsql()
+		if err != nil {
+			return err
+		}
+		rows = append(rows, handoffRow{"psql", func(cmd string) []string { return psqlJob(psql, s.pg.URL, 8, cmd) }})
 	}
 	if s.et != nil {
 		rows = append(rows, handoffRow{"etcdctl lock (etcd)", func(cmd string) []string {
@@ -546,7 +553,8 @@ func handoffFigures(work, wl string, names []string) error {
 }
 
 // contentionFigures starts the servers of the backends named, and measures
-// their contention beside flock's: the contention table's rows of those
+// their contention beside flock's, PostgreSQL's beside psql's loop and
+// etcd's beside etcdctl lock's: the contention table's rows of those
 // backends alone.
 func contentionFigures(work, wl string, names []string) error {
 	s, dbs, stop, err := startServers(work, names)
@@ -555,6 +563,13 @@ func contentionFigures(work, wl string, names []string) error {
 		return err
 	}
 	conts := contentionRows(work, wl, dbs)
+	if s.pg != nil {
+		psql, err := realPsql()
+		if err != nil {
+			return err
+		}
+		conts = append(conts, cont{"psql lock/command/unlock", acquisitions, psqlJob(psql, s.pg.URL, 7, criticalSection(work))})
+	}
 	if s.et != nil {
 		// etcd's goal is etcdctl lock's rate: measured beside it.
 		conts = append(conts, cont{"etcdctl lock (etcd)", acquisitions, []string{"etcdctl", "--endpoints", s.et.Endpoint, "lock", "contention", "--", "sh", "-c", criticalSection(work)}})
