@@ -30,3 +30,14 @@ type systemClock struct{}
 func (systemClock) now() instant {
 	return instant{mono: time.Now(), boot: bootClock()}
 }
+
+// A Reading is one reading of the clocks that the loops judge a lease's
+// life by, for a backend that must judge the same way how long ago it did
+// something: Since counts suspended time too.
+type Reading struct{ at instant }
+
+// Read reads the clocks now.
+func Read() Reading { return Reading{systemClock{}.now()} }
+
+// Since is how long passed since r, on whichever clock moved more.
+func (r Reading) Since() time.Duration { return r.at.to(systemClock{}.now()) }

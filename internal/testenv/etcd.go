@@ -509,13 +509,25 @@ func (e *Etcd) Close() error {
 // concurrency.Mutex watches the key it waits for, so tests wait for a
 // waiter by waiting for its watch.
 func (e *Etcd) Watchers() (int, error) {
+	return e.metric("etcd_debugging_mvcc_watcher_total")
+}
+
+// Reads is how many reads the server has served (its metric
+// etcd_mvcc_range_total): the reads of keys, including those in
+// transactions and their comparisons.
+func (e *Etcd) Reads() (int, error) {
+	return e.metric("etcd_mvcc_range_total")
+}
+
+// metric is the value of the server's metric name, from its /metrics.
+func (e *Etcd) metric(name string) (int, error) {
 	metrics, err := e.get("/metrics")
-	_, v, ok := strings.Cut(metrics, "\netcd_debugging_mvcc_watcher_total ")
+	_, v, ok := strings.Cut(metrics, "\n"+name+" ")
 	v, _, _ = strings.Cut(v, "\n")
 	if n, perr := strconv.ParseFloat(v, 64); err == nil && ok && perr == nil {
 		return int(n), nil
 	}
-	return 0, fmt.Errorf("testenv: no watcher count in the server's /metrics (%v)", err)
+	return 0, fmt.Errorf("testenv: no %s in the server's /metrics (%v)", name, err)
 }
 
 // ServerVersion is the release the server says it runs (its /version):

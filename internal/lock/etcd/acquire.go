@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -30,12 +31,12 @@ func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, in
 		}
 		b.orphans = b.orphans[1:]
 	}
-	sent := time.Now()
+	sent, reading := time.Now(), lock.Read()
 	g, err := c.Grant(cctx, b.ttl)
 	if err != nil {
 		return nil, nil, 0, b.classify(err)
 	}
-	l := &lease{b: b, name: name, id: g.ID, key: Key(name, int64(g.ID)), renewedAt: sent}
+	l := &lease{b: b, name: name, id: g.ID, key: Key(name, int64(g.ID)), renewedAt: sent, renewal: reading}
 	resp, err := c.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
 		Then(clientv3.OpPut(l.key, b.record(time.Now()), clientv3.WithLease(g.ID)), getQueue(name)).Commit()
 	if err != nil {
@@ -58,6 +59,11 @@ func (b *backend) enqueue(ctx context.Context, name string) (*lease, []entry, in
 
 // place returns the queue in kvs and l's place in it.
 func (l *lease) place(kvs []*mvccpb.KeyValue) ([]entry, int, error) {
+	prefix := Prefix(l.name)
+	l.unleasedAhead = slices.ContainsFunc(kvs, func(kv *mvccpb.KeyValue) bool {
+		k := string(kv.Key)
+		return kv.CreateRevision < l.rev && kv.Lease == 0 && strings.HasPrefix(k, prefix) && lockID(k[len(prefix):])
+	})
 	q := queue(l.name, kvs)
 	for i, e := range q {
 		if e.key == l.key && e.rev == l.rev {
@@ -105,9 +111,10 @@ func (b *backend) TryAcquire(ctx context.Context, name string) (lock.Lease, erro
 // Acquire waits in name's queue until its key holds the lock, as etcd's
 // own recipe does: it watches the one earlier key whose deletion it waits
 // for (judge), from the revision at which it read the queue, so that a
-// release wakes one waiter, not all; then it reads the queue again, in one
-// transaction that also checks that its own key is still there (a watch of
-// another key cannot say so). Meanwhile it renews its lease every
+// release wakes one waiter, not all; then, unless the queue it read less
+// that key says its key holds (handedOff), it reads the queue again, in
+// one transaction that also checks that its own key is still there (a
+// watch of another key cannot say so). Meanwhile it renews its lease every
 // lock.Options.KeepInterval and reads the queue again after each renewal,
 // since a waiter's key must live as long as it waits and a watch may say
 // nothing for a while (a member stopping, a proxy that holds events
@@ -235,13 +242,42 @@ func (l *lease) waitTurn(ctx context.Context, q []entry, i, wait int) ([]entry, 
 				if j < 0 {
 					continue
 				}
+				cancel()
+				if rest, ok := l.handedOff(q, i, j); ok {
+					return rest, i - 1, nil
+				}
 				// The hand-off: one request, the lease's last renewal
 				// (at most KeepInterval ago) is the lock's start.
-				cancel()
 				return l.requeue(ctx, false)
 			}
 		}
 	}
+}
+
+// handedOff says whether the key q[i] holds the lock, now that the earlier
+// key q[j] is gone, without reading the queue again; if so, it returns the
+// queue without q[j]. Keys only leave the part of the queue before ours,
+// never join it (a new key's create revision is greater than ours), and
+// no earlier key's leaving makes ours wait (judge): if the queue read,
+// less q[j], lets ours hold, so does the queue as it is now. So the waiter
+// just behind a holder starts its command one round trip sooner. The one
+// way to join is a key written before ours without a lease, given one
+// since (unleasedAhead): with such a key, it reads.
+//
+// What a read would add is that our own key is still there. While the
+// lease's last renewal is less than KeepInterval ago, counting suspended
+// time, the lease runs for most of the ttl yet, and the key was there at
+// the last read; a deletion of it since, by hand, is seen by the watch of
+// the key that a holder keeps from that read's revision on (held), as the
+// deletion of a held key is. Past that (a process stopped, a host
+// suspended while it waited), the lease may have run out: read.
+func (l *lease) handedOff(q []entry, i, j int) ([]entry, bool) {
+	if l.unleasedAhead || l.renewal.Since() >= l.b.opts.KeepInterval() {
+		return nil, false
+	}
+	rest := slices.Delete(slices.Clone(q), j, j+1)
+	holds, _, err := judge(l.name, rest, i-1)
+	return rest, holds && err == nil
 }
 
 // requeue reads the queue again, if the key is still there, and, with
@@ -311,13 +347,13 @@ func (l *lease) stampNow(acquired time.Time) {
 func (l *lease) renew(ctx context.Context) error {
 	cctx, cancel := l.b.call(ctx)
 	defer cancel()
-	sent := time.Now()
+	sent, reading := time.Now(), lock.Read()
 	if err := l.b.keepAlive(cctx, l.id); err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return lock.Errorf(lock.ErrHeld, "etcd at %s: the waiter's lease %x expired or was revoked", l.b.addr, int64(l.id))
 		}
 		return l.b.classify(err)
 	}
-	l.renewedAt = sent
+	l.renewedAt, l.renewal = sent, reading
 	return nil
 }

@@ -489,6 +489,94 @@ func TestWaiterQueuesOnce(t *testing.T) {
 	}
 }
 
+// The waiter just behind a holder takes the lock on the holder's release
+// with no request of its own: the queue it read, less the holder's key,
+// says it holds, and no key can have come before it since. A waiter with
+// another key still ahead of it in the queue it read reads again, since
+// that key may have gone unseen.
+func TestHandOffReadsNothing(t *testing.T) {
+	e := testenv.RequireEtcd(t)
+	c := client(t, e)
+	ctx := locktest.Context(t)
+	name := locktest.Name(t)
+	reads := func() int {
+		t.Helper()
+		n, err := e.Reads()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Holders as etcdctl lock's: keys on leases, deleted by hand, which
+	// costs no read.
+	put := func() string {
+		t.Helper()
+		g, err := c.Grant(ctx, 60)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := etcd.Key(name, int64(g.ID))
+		if _, err := c.Put(ctx, key, "", clientv3.WithLease(g.ID)); err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	del := func(key string) {
+		t.Helper()
+		if _, err := c.Delete(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acquire := func(watchers int) (<-chan *lock.Held, *lock.Client) {
+		w := locktest.Open(t, e.URL, lock.Options{})
+		got := make(chan *lock.Held, 1)
+		go func() {
+			h, err := w.Acquire(ctx, name)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- h
+		}()
+		waitWatchers(t, e, watchers)
+		return got, w
+	}
+
+	first := put()
+	got, _ := acquire(1)
+	before := reads()
+	del(first)
+	h := <-got
+	if h == nil {
+		return
+	}
+	if n := reads() - before; n != 0 {
+		t.Errorf("the waiter just behind the holder made %d reads on the hand-off; want none", n)
+	}
+	if ks := keys(t, c, name); len(ks) != 1 {
+		t.Errorf("keys once the waiter holds: %q; want its own alone", ks)
+	}
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Two keys ahead: the one just ahead goes first (a waiter giving up),
+	// and the waiter must read to learn that the first is still there.
+	first, second := put(), put()
+	got, _ = acquire(1)
+	before = reads()
+	del(second)
+	testenv.WaitFor(t, "the waiter's read of the queue", func() bool { return reads() > before })
+	select {
+	case <-got:
+		t.Fatal("the waiter took the lock while the first key was still there")
+	default:
+	}
+	del(first)
+	if h := <-got; h != nil {
+		h.Release(ctx)
+	}
+}
+
 // withlock's locks "a" and "a/b" are two locks, though the keys of "a/b"
 // are under the prefix of "a".
 func TestSubNames(t *testing.T) {
@@ -915,8 +1003,11 @@ func TestWaitFollowsTheQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The waiter's own key deleted while it waits: the deletion of the key
-	// before it does not give it the lock.
+	// The waiter's own key deleted by hand while it waits: the deletion of
+	// the key before it does not give it the lock for longer than the watch
+	// of its key takes to say so, as for a holder whose key is deleted.
+	// Behind a holder alone it takes the lock without a read (the hand-off
+	// reads nothing), and loses it at once; else its read ends the wait.
 	ha, err = a.Acquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -925,6 +1016,11 @@ func TestWaitFollowsTheQueue(t *testing.T) {
 	go func() {
 		l, _, err := b.Backend.(lock.Waiter).Acquire(ctx, name)
 		if err == nil {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if err = l.(lock.Watcher).Watch(wctx); err == nil {
+				err = errors.New("held, and its watch saw no deletion within 5s")
+			}
+			cancel()
 			l.Release(ctx)
 		}
 		done <- err
@@ -940,7 +1036,7 @@ func TestWaitFollowsTheQueue(t *testing.T) {
 	if err := ha.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; !errors.Is(err, lock.ErrHeld) {
-		t.Errorf("the wait of a waiter whose key was deleted: %v; want ErrHeld", err)
+	if err := <-done; !errors.Is(err, lock.ErrHeld) && !errors.Is(err, lock.ErrLost) {
+		t.Errorf("the wait of a waiter whose key was deleted: %v; want ErrHeld, or the lock lost at once", err)
 	}
 }

@@ -3,6 +3,7 @@ package etcd
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/withlock/withlock/internal/lock"
 )
@@ -74,5 +75,28 @@ func TestJudge(t *testing.T) {
 	_, _, err := judge("job", mk("23"), 1)
 	if err == nil || err.Error() != `"job" is a semaphore of 2 (--max-holders 2); this holder asked for 3` {
 		t.Errorf("mismatched N: %v", err)
+	}
+}
+
+// handedOff lets a waiter hold on the deletion of the one key ahead of it,
+// without a read, only while its lease's last renewal is recent: a waiter
+// stopped or suspended past that reads, since its lease may have run out.
+func TestHandedOff(t *testing.T) {
+	b := &backend{opts: lock.Options{TTL: 600 * time.Millisecond}}
+	q := []entry{{key: "job/1", rev: 1}, {key: "job/2", rev: 2}, {key: "job/3", rev: 3}}
+	l := &lease{b: b, name: "job", key: "job/2", renewal: lock.Read()}
+	if rest, ok := l.handedOff(q, 1, 0); !ok || len(rest) != 2 || rest[0].key != "job/2" {
+		t.Errorf("the one key ahead gone: %v, %v; want to hold, with the queue from our key on", rest, ok)
+	}
+	if _, ok := l.handedOff(append([]entry{{key: "job/0", rev: 0}}, q...), 2, 1); ok {
+		t.Error("holds with another key still ahead; want a read")
+	}
+	if len(q) != 3 || q[0].key != "job/1" {
+		t.Errorf("handedOff changed the queue it was given: %v", q)
+	}
+	// The renewal ages past KeepInterval, as in a process stopped that long.
+	time.Sleep(b.opts.KeepInterval())
+	if _, ok := l.handedOff(q, 1, 0); ok {
+		t.Error("holds, its renewal a KeepInterval old; want a read")
 	}
 }

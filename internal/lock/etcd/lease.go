@@ -31,9 +31,15 @@ type lease struct {
 	id   clientv3.LeaseID
 	rev  int64 // the key's create revision: the fencing token
 	seen int64 // the last revision at which the queue was read
+	// unleasedAhead says that the last read of the queue found a key
+	// before ours that is not a lock key only for want of a lease: given
+	// one, it would join the queue ahead of ours (handedOff).
+	unleasedAhead bool
 	// renewedAt is when the last renewal of the lease (or its grant) was
-	// sent: the lease runs at least until renewedAt plus the ttl.
+	// sent: the lease runs at least until renewedAt plus the ttl. renewal
+	// is the same moment, read as the keep loop reads time (handedOff).
 	renewedAt time.Time
+	renewal   lock.Reading
 
 	// watch follows the key while the lock is held (held).
 	watch *keyWatch
@@ -139,14 +145,39 @@ func (b *backend) keepCall(ctx context.Context) (context.Context, context.Cancel
 	return context.WithTimeout(ctx, min(callTimeout, b.opts.KeepInterval()/2))
 }
 
-// Release deletes the key if it is still ours, then revokes the lease,
-// which deletes the key too: a deletion that failed (sent to a member that
-// cannot serve it, bounded as a request of an attempt so that the
-// revocation has time) is done by a revocation that succeeds, and the lock
-// was ours if its lease was still there.
+// Release lets go of the lock. While the key's watch is open, it tells
+// whether the key is still ours, and revoking the lease deletes the key:
+// one write, the one that wakes the next waiter. (A deletion by hand in
+// the moment before the release, which the watch has not delivered yet,
+// goes unreported.) The revocation is bounded as a request of an attempt:
+// one sent to a member that cannot serve it (cut off from its peers)
+// waits for a leader it cannot reach.
+//
+// Otherwise (the watch being opened again, a lease taken up from a
+// handle, which has none, a revocation that was not answered) it deletes
+// the key if it is still ours, then revokes the lease, which deletes the
+// key too: a deletion that failed (sent to a member that cannot serve it,
+// bounded in the same way so that the revocation has time) is done by a
+// revocation that succeeds, and the lock was ours if its lease was still
+// there. After a revocation that was not answered, a key or lease already
+// gone may be its doing, and is not reported.
 func (l *lease) Release(ctx context.Context) error {
+	st := l.watch.state()
 	l.watch.stop()
 	l.stopStamp()
+	tried := false
+	if st != keyUnknown {
+		rctx, cancel := l.b.call(ctx)
+		revoked, err := l.b.revokeLease(rctx, l.id)
+		cancel()
+		switch {
+		case err == nil && (!revoked || st == keyGone):
+			return lock.Errorf(lock.ErrNotOurs, "etcd: the lock's key was no longer ours at release")
+		case err == nil:
+			return nil
+		}
+		tried = true
+	}
 	c, err := l.b.conn(ctx)
 	if err != nil {
 		return err
@@ -157,9 +188,9 @@ func (l *lease) Release(ctx context.Context) error {
 	// The lease goes either way; if this fails, it runs out by itself.
 	revoked, rerr := l.b.revokeLease(ctx, l.id)
 	switch {
-	case err == nil && !resp.Succeeded:
+	case err == nil && !resp.Succeeded && !tried:
 		return lock.Errorf(lock.ErrNotOurs, "etcd: the lock's key was no longer ours at release")
-	case err == nil || rerr == nil && revoked:
+	case err == nil || rerr == nil && (revoked || tried):
 		return nil
 	case rerr == nil:
 		return lock.Errorf(lock.ErrNotOurs, "etcd: the lock's lease was gone at release")

@@ -147,7 +147,6 @@ func holders(name string, q []entry) []entry {
 	return hs
 }
 
-// record is this holder's record, acquiring now.
 // record is this holder's record, acquired at.
 func (b *backend) record(at time.Time) string {
 	r := record{
