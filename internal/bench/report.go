@@ -219,6 +219,6 @@ func costs(r results) string {
 	if s := list(func(row string) float64 { return r.get("waiter cpu", strings.TrimPrefix(row, "withlock ")) }, "%.2f%%"); s != "" {
 		fmt.Fprintf(&b, "- **Waiting.** Each waiter costs the server %s of a core.\n", s)
 	}
-	b.WriteString("\nHow: whole processes as users run them (default flags, URLs as written), timed by hyperfine; memory by `/usr/bin/time -v`; servers started by the benchmark on the same machine, so network time is a loopback's. Absolute times scale with the machine; the ratios to flock(1), psql, redis-cli, the mysql client and `etcdctl lock` below carry over better.\n\n")
+	b.WriteString("\nHow: whole processes as users run them (default flags, URLs as written), timed by hyperfine; hand-off trials and contention rounds taken by each contender in turn, so that a busy moment falls on all alike; memory by `/usr/bin/time -v`; servers started by the benchmark on the same machine, so network time is a loopback's. Absolute times scale with the machine; the ratios to flock(1), psql, redis-cli, the mysql client and `etcdctl lock` below carry over better.\n\n")
 	return b.String()
 }
