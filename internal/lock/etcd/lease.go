@@ -171,7 +171,9 @@ func (l *lease) Release(ctx context.Context) error {
 		revoked, err := l.b.revokeLease(rctx, l.id)
 		cancel()
 		switch {
-		case err == nil && (!revoked || st == keyGone):
+		case st == keyGone || err == nil && !revoked:
+			// The key was deleted, or its lease is gone; a lease that could
+			// not be revoked here runs out by itself.
 			return lock.Errorf(lock.ErrNotOurs, "etcd: the lock's key was no longer ours at release")
 		case err == nil:
 			return nil
