@@ -305,6 +305,13 @@ func TestMutexInteropModes(t *testing.T) {
 // error, which fails t.
 func waiting(t *testing.T, e *testenv.Etcd, c *lock.Client, name string) <-chan *lock.Held {
 	t.Helper()
+	return waitingWith(t, e, c, name, 2) // the holder's, of its own key, and the waiter's
+}
+
+// waitingWith is waiting, for a server that shows the wait once it has
+// watchers watches open (a holder not of withlock's watches nothing).
+func waitingWith(t *testing.T, e *testenv.Etcd, c *lock.Client, name string, watchers int) <-chan *lock.Held {
+	t.Helper()
 	got := make(chan *lock.Held, 1)
 	go func() {
 		h, err := c.Acquire(locktest.Context(t), name)
@@ -313,7 +320,7 @@ func waiting(t *testing.T, e *testenv.Etcd, c *lock.Client, name string) <-chan 
 		}
 		got <- h
 	}()
-	waitWatchers(t, e, 2) // the holder's, of its own key, and the waiter's
+	waitWatchers(t, e, watchers)
 	return got
 }
 
@@ -527,22 +534,8 @@ func TestHandOffReadsNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	acquire := func(watchers int) (<-chan *lock.Held, *lock.Client) {
-		w := locktest.Open(t, e.URL, lock.Options{})
-		got := make(chan *lock.Held, 1)
-		go func() {
-			h, err := w.Acquire(ctx, name)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- h
-		}()
-		waitWatchers(t, e, watchers)
-		return got, w
-	}
-
 	first := put()
-	got, _ := acquire(1)
+	got := waitingWith(t, e, locktest.Open(t, e.URL, lock.Options{}), name, 1)
 	before := reads()
 	del(first)
 	h := <-got
@@ -562,7 +555,7 @@ func TestHandOffReadsNothing(t *testing.T) {
 	// Two keys ahead: the one just ahead goes first (a waiter giving up),
 	// and the waiter must read to learn that the first is still there.
 	first, second := put(), put()
-	got, _ = acquire(1)
+	got = waitingWith(t, e, locktest.Open(t, e.URL, lock.Options{}), name, 1)
 	before = reads()
 	del(second)
 	testenv.WaitFor(t, "the waiter's read of the queue", func() bool { return reads() > before })
